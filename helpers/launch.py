@@ -1,0 +1,516 @@
+"""Run a function typed in a notebook cell on N ranks, and bring everything back.
+
+``launch(fn, *args, world_size=N)`` ships ``fn`` by value (cloudpickle) to N worker processes
+that already joined one process group, streams their output into the cell with a ``[rank k]``
+prefix, and returns the N return values in rank order. Workers are fresh interpreters, never
+forks of the kernel, so CUDA in the notebook does no harm; they stay warm between launches, so
+a repeated launch costs milliseconds. Failures, hard deaths, hangs and interrupts stop every
+rank and raise one exception that says which rank and why. Introduced in lecture 01.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import math
+import os
+import pickle
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import OrderedDict
+from multiprocessing.connection import Connection
+
+from helpers import diagnose
+from helpers._worker import end_marker
+from helpers.errors import (
+    LaunchError,
+    LaunchTimeout,
+    RankDied,
+    describe_exit,
+    format_frames,
+    rank_error,
+)
+from helpers.world import BACKENDS, thread_budget
+
+OUTPUTS = ("live", "rank0", "grouped", "none")
+DEFAULT_TIMEOUT = float(os.environ.get("HELPERS_LAUNCH_TIMEOUT", "300"))
+START_TIMEOUT = float(os.environ.get("HELPERS_START_TIMEOUT", "300"))
+FAIL_GRACE = 0.5  # after the first failure, how long the others may still report theirs
+MAX_POOLS = 3  # warm pools kept (one per world_size/backend/threads), least recent dropped
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_pools: OrderedDict = OrderedDict()
+_lock = threading.RLock()
+
+
+def launch(
+    fn,
+    *args,
+    world_size: int = 2,
+    backend: str = "auto",
+    timeout: float | None = None,
+    output: str | None = None,
+    threads: int | None = None,
+    **kwargs,
+) -> list:
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks; return their results in rank order.
+
+    The default process group is initialised before ``fn`` runs (``backend="auto"``: NCCL when
+    every rank can have its own GPU, else gloo). ``timeout`` (seconds, default
+    $HELPERS_LAUNCH_TIMEOUT or 300) bounds the run; a hang raises LaunchTimeout naming where
+    each rank is blocked. ``output``: "live" (lines as they come, prefixed ``[rank k]``),
+    "rank0" (rank 0's lines only), "grouped" (after the run, rank by rank: deterministic, for
+    nbval) or "none"; default $HELPERS_LAUNCH_OUTPUT or "live". ``threads``: per rank, default
+    cores // world_size.
+    """
+    if os.environ.get("HELPERS_LAUNCH_RANK") is not None:
+        raise LaunchError(
+            f"launch() was called inside a launched rank (rank {os.environ['HELPERS_LAUNCH_RANK']})"
+            ": a rank cannot start ranks of its own. Call launch() from the notebook; inside fn, "
+            "use torch.distributed directly, the process group is already set up."
+        )
+    if not callable(fn):
+        raise TypeError(
+            f"launch() needs a function to run on every rank, got {fn!r} "
+            f"({type(fn).__name__}). Pass the function itself: launch(work, world_size=2)."
+        )
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a whole number >= 1, not {world_size!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
+    output = output or os.environ.get("HELPERS_LAUNCH_OUTPUT", "live")
+    if output not in OUTPUTS:
+        raise ValueError(f"output must be one of {', '.join(OUTPUTS)}, not {output!r}")
+    timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+    if not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds (or math.inf), not {timeout!r}")
+    threads = thread_budget(world_size, threads)
+    payload = _pickle_call(fn, args, kwargs)
+    opts = {"cwd": os.getcwd(), "sys_path": [os.path.abspath(p) for p in sys.path]}
+
+    with _lock:
+        pool = _get_pool(world_size, backend, threads)
+        try:
+            return pool.run(payload, opts, timeout, output)
+        except BaseException:
+            _retire(pool)  # after a failure, hang or interrupt its ranks are in no known state
+            raise
+
+
+def shutdown() -> None:
+    """Stop every worker the launcher keeps; no process is left behind."""
+    with _lock:
+        for pool in list(_pools.values()):
+            _retire(pool)
+
+
+atexit.register(shutdown)
+
+
+def _pickle_call(fn, args, kwargs) -> bytes:
+    """Pickle the call by value; if that fails, name the argument that cannot travel."""
+    import cloudpickle
+
+    try:
+        return cloudpickle.dumps((fn, args, kwargs))
+    except Exception as exc:
+        culprit = "the function (something it uses from the notebook)"
+        for name, value in [(None, fn), *enumerate(args), *kwargs.items()]:
+            try:
+                cloudpickle.dumps(value)
+            except Exception:
+                if name is None:
+                    break
+                culprit = (
+                    f"argument {name!r}" if isinstance(name, str) else f"positional argument {name}"
+                )
+                culprit += f" ({type(value).__name__})"
+                break
+        raise TypeError(
+            f"{culprit} cannot be sent to the ranks: {exc}. Ranks are separate processes: send "
+            "data that pickles (numbers, lists, dicts, tensors, a file path) and create "
+            "the rest (open files, locks, generators, models on a GPU) inside the function."
+        ) from None
+
+
+def _get_pool(world_size: int, backend: str, threads: int):
+    key = (world_size, backend, threads)
+    pool = _pools.get(key)
+    if pool is not None and (pool.owner != os.getpid() or not pool.alive()):
+        _pools.pop(key)
+        if pool.owner == os.getpid():
+            pool.kill()  # a rank died while idle: replace the pool transparently
+        pool = None
+    if pool is None:
+        while len(_pools) >= MAX_POOLS:
+            _retire(next(iter(_pools.values())))
+        pool = _Pool(world_size, backend, threads)
+        _pools[key] = pool
+        pool.start()
+    _pools.move_to_end(key)
+    return pool
+
+
+def _retire(pool) -> None:
+    _pools.pop(pool.key, None)
+    if pool.owner == os.getpid():
+        pool.kill()
+
+
+class _Lines:
+    """Assemble each rank's byte stream into whole lines; spot the end-of-task marker."""
+
+    def __init__(self):
+        self.buf: dict = {}
+
+    def feed(self, key, data: bytes, marker: bytes | None):
+        """Return (complete lines, whether the marker was seen)."""
+        buf = self.buf.setdefault(key, bytearray())
+        buf += data
+        seen = False
+        if marker is not None and marker in buf:
+            i = buf.index(marker)
+            head, tail = bytes(buf[:i]), bytes(buf[i + len(marker) :])
+            lines = head.splitlines()
+            buf[:] = tail
+            seen = True
+        else:
+            *lines, rest = bytes(buf).split(b"\n")
+            buf[:] = rest
+        return [line.decode("utf-8", "replace").rstrip("\r") for line in lines], seen
+
+    def rest(self, key) -> list[str]:
+        buf = self.buf.pop(key, b"")
+        return [line.decode("utf-8", "replace") for line in bytes(buf).splitlines()]
+
+
+class _Printer:
+    """Where rank lines go: live with a prefix, rank 0 only, grouped after the run, or nowhere."""
+
+    def __init__(self, mode: str):
+        self.mode, self.held = mode, []
+        self.tail: dict = {}  # rank -> last stderr lines, for death reports
+
+    def lines(self, rank: int, stream: str, lines: list[str]) -> None:
+        if stream == "stderr":
+            self.tail[rank] = (self.tail.get(rank, []) + lines)[-30:]
+        if self.mode == "none" or (self.mode == "rank0" and rank != 0) or not lines:
+            return
+        if self.mode == "grouped":
+            self.held.extend((rank, stream, line) for line in lines)
+            return
+        out = sys.stdout if stream == "stdout" else sys.stderr
+        out.write("".join(f"[rank {rank}] {line}\n" for line in lines))
+        out.flush()
+
+    def finish(self) -> None:
+        """Grouped mode: rank 0's lines, then rank 1's, ... (each rank's own order kept)."""
+        for stream, out in (("stdout", sys.stdout), ("stderr", sys.stderr)):
+            text = "".join(
+                f"[rank {r}] {line}\n"
+                for r, s, line in sorted(self.held, key=lambda x: x[0])
+                if s == stream
+            )
+            if text:
+                out.write(text)
+                out.flush()
+        self.held = []
+
+
+class _Pool:
+    """N warm ranks sharing one process group, owned by the process that started them."""
+
+    def __init__(self, world_size: int, backend: str, threads: int):
+        self.key = (world_size, backend, threads)
+        self.world_size, self.backend, self.threads = world_size, backend, threads
+        self.owner = os.getpid()
+        self.procs: list[subprocess.Popen] = []
+        self.tasks: list[Connection] = []
+        self.diags: list[Connection] = []
+        self.task_id = 0
+        self.info: list[dict] = []
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    def _spawn(self, rank: int) -> None:
+        task_parent, task_child = socket.socketpair()
+        diag_parent, diag_child = socket.socketpair()
+        cfg = {
+            "rank": rank,
+            "world_size": self.world_size,
+            "backend": self.backend,
+            "threads": self.threads,
+            "task_fd": task_child.fileno(),
+            "diag_fd": diag_child.fileno(),
+            "parent_pid": os.getpid(),
+            "start_timeout": START_TIMEOUT,
+        }
+        env = dict(os.environ)
+        env.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(self.world_size),
+            LOCAL_WORLD_SIZE=str(self.world_size),
+            HELPERS_LAUNCH_RANK=str(rank),
+            OMP_NUM_THREADS=str(self.threads),
+            MKL_NUM_THREADS=str(self.threads),
+            PYTHONUNBUFFERED="1",
+            # The kernel's inline backend exists only inside a Jupyter kernel.
+            MPLBACKEND="Agg",
+            PYTHONPATH=os.pathsep.join(filter(None, [PACKAGE_ROOT, env.get("PYTHONPATH")])),
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "helpers._worker", json.dumps(cfg)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=(task_child.fileno(), diag_child.fileno()),
+            start_new_session=True,  # its own process group: killed as a unit, with its children
+            env=env,
+        )
+        task_child.close()
+        diag_child.close()
+        self.procs.append(proc)
+        self.tasks.append(Connection(task_parent.detach()))
+        self.diags.append(Connection(diag_parent.detach()))
+
+    def start(self) -> None:
+        """Start the ranks and wait until all joined the process group."""
+        try:
+            for rank in range(self.world_size):
+                self._spawn(rank)
+            self.info = self._handshake()
+        except BaseException:
+            self.kill()
+            raise
+
+    def _handshake(self) -> list[dict]:
+        deadline = time.monotonic() + START_TIMEOUT
+        ready: dict[int, dict] = {}
+        log: dict[int, list[str]] = {}
+        lines = _Lines()
+        sel = self._selector()
+        try:
+            while len(ready) < self.world_size:
+                if time.monotonic() > deadline:
+                    raise LaunchError(
+                        f"the {self.world_size} ranks did not start within {START_TIMEOUT:g} s "
+                        "(set HELPERS_START_TIMEOUT to wait longer on a slow machine)"
+                    )
+                for key, _ in sel.select(0.1):
+                    kind, rank = key.data
+                    if kind == "task":
+                        msg = self._recv(rank)
+                        if msg is None:
+                            continue
+                        if msg[0] == "port":
+                            for conn in self.tasks[1:]:
+                                conn.send(("port", msg[1]))
+                        elif msg[0] == "ready":
+                            ready[rank] = msg[1]
+                        elif msg[0] == "setup_error":
+                            err = msg[1]
+                            raise LaunchError(
+                                f"could not start {self.world_size} ranks "
+                                f"(backend={self.backend!r}): {err['message']}"
+                            )
+                    elif kind in ("stdout", "stderr"):
+                        data = os.read(key.fd, 65536)
+                        if data:
+                            got, _ = lines.feed((rank, kind), data, None)
+                            log.setdefault(rank, []).extend(got)
+                        else:
+                            sel.unregister(key.fd)
+                for rank, proc in enumerate(self.procs):
+                    if proc.poll() is not None and rank not in ready:
+                        time.sleep(0.2)
+                        tail = "\n".join(log.get(rank, [])[-20:] + lines.rest((rank, "stderr")))
+                        raise LaunchError(
+                            f"rank {rank} exited while starting ({describe_exit(proc.returncode)})"
+                            + (f"; its last output:\n{tail}" if tail else "")
+                        )
+        finally:
+            sel.close()
+        return [ready[r] for r in range(self.world_size)]
+
+    def alive(self) -> bool:
+        return all(p.poll() is None for p in self.procs)
+
+    def kill(self) -> None:
+        """SIGKILL every rank's process group (ranks stuck in C++ included), reap, close fds."""
+        for proc in self.procs:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            for f in (proc.stdout, proc.stderr):
+                if f:
+                    f.close()
+        for conn in self.tasks + self.diags:
+            conn.close()
+        self.procs, self.tasks, self.diags = [], [], []
+
+    # -- one launch -------------------------------------------------------------------------
+
+    def _selector(self) -> selectors.BaseSelector:
+        sel = selectors.DefaultSelector()
+        for rank, (proc, conn) in enumerate(zip(self.procs, self.tasks)):
+            sel.register(conn.fileno(), selectors.EVENT_READ, ("task", rank))
+            sel.register(proc.stdout.fileno(), selectors.EVENT_READ, ("stdout", rank))
+            sel.register(proc.stderr.fileno(), selectors.EVENT_READ, ("stderr", rank))
+        return sel
+
+    def _recv(self, rank: int):
+        try:
+            return self.tasks[rank].recv()
+        except (EOFError, OSError):
+            return None
+
+    def run(self, payload: bytes, opts: dict, timeout: float, output: str) -> list:
+        self.task_id += 1
+        marker = end_marker(self.task_id)
+        for conn in self.tasks:
+            conn.send(("task", self.task_id, payload, opts))
+        printer, lines = _Printer(output), _Lines()
+        replies: dict[int, tuple] = {}
+        ended = set()  # (rank, stream) whose end marker arrived
+        first_failure = None
+        deadline = time.monotonic() + timeout if math.isfinite(timeout) else math.inf
+        sel = self._selector()
+        try:
+            while True:
+                done = len(replies) == self.world_size and len(ended) == 2 * self.world_size
+                if done:
+                    break
+                now = time.monotonic()
+                if first_failure is not None and now - first_failure > FAIL_GRACE:
+                    break
+                if now > deadline:
+                    printer.finish()
+                    raise self._timeout(timeout, replies, printer)
+                for key, _ in sel.select(min(0.1, max(0.0, deadline - now))):
+                    kind, rank = key.data
+                    if kind == "task":
+                        msg = self._recv(rank)
+                        if msg is None:
+                            sel.unregister(key.fd)
+                            continue
+                        replies[rank] = msg
+                        if msg[0] == "error" and first_failure is None:
+                            first_failure = time.monotonic()
+                    else:
+                        data = os.read(key.fd, 65536)
+                        if not data:
+                            sel.unregister(key.fd)
+                            continue
+                        got, seen = lines.feed((rank, kind), data, marker)
+                        printer.lines(rank, kind, got)
+                        if seen:
+                            ended.add((rank, kind))
+                for rank, proc in enumerate(self.procs):
+                    if rank not in replies and proc.poll() is not None and first_failure is None:
+                        first_failure = time.monotonic()
+            dead = [r for r, p in enumerate(self.procs) if r not in replies and p.poll() is not None]
+            if dead or first_failure is not None:
+                self._drain(sel, lines, printer, marker)
+        finally:
+            sel.close()
+        printer.finish()
+        if dead:
+            rank = dead[0]
+            tail = "\n".join(printer.tail.get(rank, [])[-20:])
+            others = [r for r, m in replies.items() if m[0] == "error"]
+            raise RankDied(
+                f"rank {rank} of {self.world_size} died ({describe_exit(self.procs[rank].returncode)})"
+                " without returning or raising"
+                + (f"; {diagnose._ranks(others)} then raised (likely because of it)" if others else "")
+                + ". All ranks were stopped."
+                + (f"\nIts last stderr lines:\n{tail}" if tail else ""),
+                rank,
+                self.procs[rank].returncode,
+            )
+        errors = {r: m for r, m in replies.items() if m[0] == "error"}
+        if errors:
+            raise self._rank_error(errors)
+        if any(m[-1] for m in replies.values()):  # a rank destroyed the process group
+            self.kill()
+        return [pickle.loads(replies[r][2]) for r in range(self.world_size)]
+
+    def _drain(self, sel, lines, printer, marker) -> None:
+        """Read what the ranks already wrote (a dying rank's last words) without waiting long."""
+        end = time.monotonic() + 0.3
+        while time.monotonic() < end:
+            events = sel.select(0.05)
+            if not events:
+                break
+            for key, _ in events:
+                kind, rank = key.data
+                if kind == "task":
+                    continue
+                data = os.read(key.fd, 65536)
+                if not data:
+                    sel.unregister(key.fd)
+                    continue
+                printer.lines(rank, kind, lines.feed((rank, kind), data, marker)[0])
+        for (rank, kind) in list(lines.buf):
+            printer.lines(rank, kind, lines.rest((rank, kind)))
+
+    def _rank_error(self, errors: dict) -> Exception:
+        import cloudpickle
+
+        # The first rank to fail by rank order among those with the same message is the
+        # representative; the others are listed as "raised the same error".
+        rank = min(errors)
+        err = errors[rank][2]
+        same = [
+            r
+            for r, m in errors.items()
+            if r != rank and (m[2]["type"], m[2]["message"]) == (err["type"], err["message"])
+        ]
+        try:
+            cls = cloudpickle.loads(err["cls"]) if err["cls"] else None
+        except Exception:
+            cls = None
+        tb = format_frames(err["frames"]) + f"{err['type']}: {err['message']}"
+        if err["chained"]:
+            tb = err["chained"] + "\nThe above exception was the direct cause of:\n\n" + tb
+        different = sorted(set(errors) - {rank} - set(same))
+        if different:
+            tb += "".join(
+                f"\n\nrank {r} raised {errors[r][2]['type']}: {errors[r][2]['message']}"
+                for r in different
+            )
+        return rank_error(rank, self.world_size, cls, err["type"], err["message"], tb, same)
+
+    def _timeout(self, timeout: float, replies: dict, printer: _Printer) -> LaunchTimeout:
+        """Ask every unfinished rank where it is, explain, and build the exception."""
+        infos = {r: {"finished": r in replies} for r in range(self.world_size)}
+        asked = [r for r in range(self.world_size) if r not in replies]
+        for r in asked:
+            try:
+                self.diags[r].send("snapshot")
+            except OSError:
+                pass
+        end = time.monotonic() + 2.0
+        for r in asked:
+            try:
+                if self.diags[r].poll(max(0.0, end - time.monotonic())):
+                    infos[r]["snapshot"] = self.diags[r].recv()
+            except (EOFError, OSError):
+                pass
+        for r in asked:
+            if "snapshot" not in infos[r] and self.procs[r].poll() is None:
+                os.kill(self.procs[r].pid, signal.SIGUSR1)  # faulthandler dumps its stacks
+                time.sleep(0.3)
+                infos[r]["dump"] = "\n".join(printer.tail.get(r, [])[-30:])
+        return LaunchTimeout(diagnose.explain(infos, timeout, self.world_size), infos)

@@ -1,0 +1,179 @@
+"""Watch the torch.distributed calls a rank makes, so a hang can say where each rank is stuck.
+
+Every collective and point-to-point function of ``torch.distributed`` is wrapped once per
+process. The wrapper records the call it is in (op, tensor shapes, group, peer, sequence number
+on its group); listeners (the collective tracer) get a record when each call ends. The cost is a
+few microseconds per call, small beside any collective.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+import time
+from dataclasses import dataclass, field
+
+# The calls that communicate. Point-to-point calls are not counted in a group's sequence.
+COLLECTIVES = (
+    "broadcast",
+    "all_reduce",
+    "reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "monitored_barrier",
+    "broadcast_object_list",
+    "all_gather_object",
+    "gather_object",
+    "scatter_object_list",
+)
+POINT_TO_POINT = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
+TENSOR_ARGS = (
+    "tensor",
+    "output",
+    "input",
+    "output_tensor",
+    "input_tensor",
+    "tensor_list",
+    "output_tensor_list",
+    "input_tensor_list",
+    "gather_list",
+    "scatter_list",
+    "object_list",
+)
+
+
+@dataclass
+class Call:
+    """One torch.distributed call on this rank."""
+
+    op: str
+    tensors: str  # e.g. "float32[4]" or "4×float32[2]"
+    group: str  # "world" or "ranks [0, 2]"
+    seq: int | None  # n-th collective on that group (0-based); None for point-to-point
+    peer: int | None  # src/dst for send, recv, broadcast, reduce, gather, scatter
+    nbytes: int  # bytes of the tensors passed in (the op's own payload is op-specific)
+    start: float = field(default_factory=time.time)
+    end: float | None = None
+
+    def describe(self) -> str:
+        """A one-line description, e.g. 'all_reduce(float32[1]) #3 on world'."""
+        peer = ""
+        if self.peer is not None:
+            peer = f", {'dst' if self.op in ('send', 'isend', 'reduce', 'gather') else 'src'}={self.peer}"
+        where = f" #{self.seq} on {self.group}" if self.seq is not None else f" on {self.group}"
+        return f"{self.op}({self.tensors}{peer}){where}"
+
+
+class _State:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.current: Call | None = None  # the call the main thread is in, if any
+        self.last: Call | None = None  # the last call that returned
+        self.seq: dict[str, int] = {}  # group -> collectives entered so far
+        self.listeners: list = []
+
+
+STATE = _State()
+_installed = False
+
+
+def _shape(t) -> str:
+    import torch
+
+    if isinstance(t, torch.Tensor):
+        dims = ",".join(str(d) for d in t.shape)
+        return f"{str(t.dtype).replace('torch.', '')}[{dims}]"
+    if isinstance(t, (list, tuple)):
+        inner = {_shape(x) for x in t}
+        return f"{len(t)}×{inner.pop()}" if len(inner) == 1 else "[" + ", ".join(map(_shape, t)) + "]"
+    return type(t).__name__
+
+
+def _nbytes(t) -> int:
+    import torch
+
+    if isinstance(t, torch.Tensor):
+        return t.numel() * t.element_size()
+    if isinstance(t, (list, tuple)):
+        return sum(_nbytes(x) for x in t)
+    return 0
+
+
+def _group_name(group) -> str:
+    import torch.distributed as dist
+
+    if group is None or group is dist.GroupMember.WORLD:
+        return "world"
+    try:
+        return f"ranks {dist.get_process_group_ranks(group)}"
+    except Exception:  # a group this rank is not part of
+        return "a group without this rank"
+
+
+def _record(op: str, sig: inspect.Signature, args, kwargs) -> Call:
+    bound = sig.bind_partial(*args, **kwargs).arguments
+    tensors = [bound[name] for name in TENSOR_ARGS if name in bound]
+    if op == "batch_isend_irecv":
+        ops = bound.get("p2p_op_list") or []
+        tensors = [p.tensor for p in ops]
+        desc = ", ".join(f"{p.op.__name__}({_shape(p.tensor)}, peer={p.peer})" for p in ops)
+    else:
+        desc = ", ".join(_shape(t) for t in tensors)
+    group = _group_name(bound.get("group"))
+    seq = None
+    if op in COLLECTIVES:
+        with STATE.lock:
+            seq = STATE.seq.get(group, 0)
+            STATE.seq[group] = seq + 1
+    peer = next((bound[k] for k in ("dst", "src", "group_dst", "group_src") if k in bound), None)
+    peer = peer if isinstance(peer, int) else None
+    return Call(op, desc, group, seq, peer, sum(_nbytes(t) for t in tensors))
+
+
+def _wrap(op: str, fn):
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def watched(*args, **kwargs):
+        call = _record(op, sig, args, kwargs)
+        outer = STATE.current
+        STATE.current = call
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            call.end = time.time()
+            STATE.current, STATE.last = outer, call
+            for listener in STATE.listeners:
+                listener(call)
+
+    watched.__watched__ = fn
+    return watched
+
+
+def install() -> None:
+    """Wrap torch.distributed's communication functions (idempotent)."""
+    global _installed
+    if _installed:
+        return
+    import torch.distributed as dist
+
+    for op in COLLECTIVES + POINT_TO_POINT:
+        fn = getattr(dist, op, None)
+        if fn is not None and not hasattr(fn, "__watched__"):
+            setattr(dist, op, _wrap(op, fn))
+    _installed = True
+
+
+def reset() -> None:
+    """Forget the calls of a previous launch (sequence numbers restart at 0)."""
+    with STATE.lock:
+        STATE.current = STATE.last = None
+        STATE.seq.clear()

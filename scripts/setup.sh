@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Set up this checkout from nothing, idempotently:
+#   1. create .venv if it is missing (Python >= 3.10),
+#   2. (re)install the project and its pinned dependencies when pyproject.toml changed,
+#   3. register the Jupyter kernel "multigpu-course" inside .venv (papermill and nbval use it).
+# Re-running it on a set-up machine takes about a second.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    echo "setup: creating .venv with $($PYTHON --version)"
+    "$PYTHON" -m venv .venv
+fi
+
+# The stamp names the pyproject it was installed from, so editing dependencies triggers a reinstall.
+stamp=".venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+    echo "setup: installing the course into .venv (torch from the local mirror takes about a minute)"
+    .venv/bin/python -m pip install --quiet --upgrade pip
+    .venv/bin/python -m pip install --quiet -e ".[dev]"
+    rm -f .venv/.installed-*
+    touch "$stamp"
+fi
+
+.venv/bin/python -m course kernel --quiet
