@@ -37,8 +37,11 @@ INTERNAL = {os.path.join(HERE, "_worker.py"), os.path.join(HERE, "watch.py")}
 
 
 def _internal(filename: str) -> bool:
-    """Frames of the launcher itself: noise in a student's traceback."""
-    return filename in INTERNAL
+    """Frames of the launcher, of runpy and of torch's own wrappers: noise for a student."""
+    if filename in INTERNAL or filename.startswith("<frozen"):
+        return True
+    torch = sys.modules.get("torch")
+    return torch is not None and filename.startswith(os.path.dirname(torch.__file__) + os.sep)
 
 
 def user_frames(tb_or_stack) -> list[tuple[str, int, str, str | None]]:
@@ -110,6 +113,7 @@ def snapshot() -> dict:
         "call_peer": current.peer if current else None,
         "call_start": current.start if current else None,
         "last": last.describe() if last else None,
+        "last_key": (last.group, last.seq, last.op, last.tensors) if last else None,
         "stack": stack,
     }
 

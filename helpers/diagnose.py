@@ -19,9 +19,10 @@ def _ranks(rs) -> str:
 
 def describe_rank(rank: int, info: dict) -> str:
     """One rank's state: finished, blocked in a call, or running Python, with its stack."""
-    if info.get("finished"):
-        return f"rank {rank}: finished (returned from the function)"
     snap = info.get("snapshot")
+    if info.get("finished"):
+        last = snap and snap.get("last")
+        return f"rank {rank}: finished (returned from the function; last call: {last or 'none'})"
     if snap is None:
         text = f"rank {rank}: did not answer (it may hold the GIL in a long C call)"
         if info.get("dump"):
@@ -62,6 +63,11 @@ def findings(infos: dict[int, dict]) -> list[str]:
     by_group = defaultdict(dict)
     for r, s in collectives.items():
         by_group[s["call_key"][0]][r] = s["call_key"]
+    for r in finished:  # a finished rank's last collective may be the mismatched one
+        last = (infos[r].get("snapshot") or {}).get("last_key")
+        if last and last[1] is not None and last[0] in by_group:
+            if any(k[1] == last[1] for k in by_group[last[0]].values()):
+                by_group[last[0]][r] = last
     for group, keys in by_group.items():
         seqs = defaultdict(list)
         for r, key in keys.items():

@@ -428,7 +428,8 @@ class _Pool:
         printer.finish()
         if dead:
             rank = dead[0]
-            tail = "\n".join(printer.tail.get(rank, [])[-20:])
+            shown = output in ("live", "grouped") or (output == "rank0" and rank == 0)
+            tail = "" if shown else "\n".join(printer.tail.get(rank, [])[-20:])
             others = [r for r, m in replies.items() if m[0] == "error"]
             raise RankDied(
                 f"rank {rank} of {self.world_size} died ({describe_exit(self.procs[rank].returncode)})"
@@ -495,7 +496,7 @@ class _Pool:
     def _timeout(self, timeout: float, replies: dict, printer: _Printer) -> LaunchTimeout:
         """Ask every unfinished rank where it is, explain, and build the exception."""
         infos = {r: {"finished": r in replies} for r in range(self.world_size)}
-        asked = [r for r in range(self.world_size) if r not in replies]
+        asked = list(range(self.world_size))  # finished ranks too: their last call tells
         for r in asked:
             try:
                 self.diags[r].send("snapshot")
@@ -509,7 +510,7 @@ class _Pool:
             except (EOFError, OSError):
                 pass
         for r in asked:
-            if "snapshot" not in infos[r] and self.procs[r].poll() is None:
+            if "snapshot" not in infos[r] and r not in replies and self.procs[r].poll() is None:
                 os.kill(self.procs[r].pid, signal.SIGUSR1)  # faulthandler dumps its stacks
                 time.sleep(0.3)
                 infos[r]["dump"] = "\n".join(printer.tail.get(r, [])[-30:])
