@@ -61,7 +61,11 @@ def execute(entry: Entry, profile: str, out_dir: Path, kernel: str = KERNEL_NAME
             execution_timeout=int(entry.budget_s * 3),
         )
     except Exception as exc:  # papermill raises for a failing cell; the batch goes on
-        ok, error = False, (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        ok = False
+        if hasattr(exc, "ename"):  # PapermillExecutionError: the cell's exception
+            error = f"cell {exc.exec_count}: {exc.ename}: {exc.evalue}".splitlines()[0]
+        else:
+            error = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     seconds = time.perf_counter() - start
     page = to_html(output) if output.exists() else None
     return RunResult(entry, output, page, seconds, ok, error)

@@ -7,6 +7,7 @@
 
 from helpers.errors import LaunchError, LaunchTimeout, RankDied, RankError
 from helpers.launch import launch, shutdown
+from helpers import world
 from helpers.world import device, is_main, local_rank, print0, rank, world_size
 
 __all__ = [

@@ -96,10 +96,13 @@ def launch(
     with _lock:
         pool = _get_pool(world_size, backend, threads)
         try:
-            return pool.run(payload, opts, timeout, output)
+            results = pool.run(payload, opts, timeout, output)
         except BaseException:
             _retire(pool)  # after a failure, hang or interrupt its ranks are in no known state
             raise
+        if pool.dirty:  # the function destroyed the process group: these ranks are spent
+            _retire(pool)
+        return results
 
 
 def shutdown() -> None:
@@ -234,6 +237,7 @@ class _Pool:
         self.diags: list[Connection] = []
         self.task_id = 0
         self.info: list[dict] = []
+        self.dirty = False
 
     # -- life cycle -------------------------------------------------------------------------
 
@@ -339,7 +343,7 @@ class _Pool:
         return [ready[r] for r in range(self.world_size)]
 
     def alive(self) -> bool:
-        return all(p.poll() is None for p in self.procs)
+        return len(self.procs) == self.world_size and all(p.poll() is None for p in self.procs)
 
     def kill(self) -> None:
         """SIGKILL every rank's process group (ranks stuck in C++ included), reap, close fds."""
@@ -443,8 +447,7 @@ class _Pool:
         errors = {r: m for r, m in replies.items() if m[0] == "error"}
         if errors:
             raise self._rank_error(errors)
-        if any(m[-1] for m in replies.values()):  # a rank destroyed the process group
-            self.kill()
+        self.dirty = any(m[-1] for m in replies.values())
         return [pickle.loads(replies[r][2]) for r in range(self.world_size)]
 
     def _drain(self, sel, lines, printer, marker) -> None:

@@ -1,0 +1,96 @@
+"""Shared fixtures: a real Jupyter kernel of the project, and process-leak checks."""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+
+def descendants(pid: int | None = None) -> list[psutil.Process]:
+    """Every live process below ``pid`` (default: this one), zombies included."""
+    try:
+        return psutil.Process(pid or os.getpid()).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def workers() -> list[psutil.Process]:
+    """Launcher ranks anywhere on the machine that belong to this test run's process tree."""
+    return [p for p in descendants() if _is_worker(p)]
+
+
+def _is_worker(p: psutil.Process) -> bool:
+    try:
+        return "helpers._worker" in " ".join(p.cmdline())
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return True  # a zombie is exactly what we look for
+
+
+class Kernel:
+    """A running kernel of the project, driven as JupyterLab and papermill drive one."""
+
+    def __init__(self, km, kc):
+        self.km, self.kc = km, kc
+
+    @property
+    def pid(self) -> int:
+        return self.km.provisioner.process.pid
+
+    def execute(self, code: str, timeout: float = 120, on_output=None) -> dict:
+        """Run ``code``; return {'status', 'streams': [(t, name, text)], 'error', 'data'}."""
+        msg_id = self.kc.execute(code)
+        streams, error, data, status = [], None, [], None
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                raise TimeoutError(f"kernel gave no output for {timeout} s running:\n{code}")
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                streams.append((time.monotonic(), content["name"], content["text"]))
+                if on_output:
+                    on_output(self, streams)
+            elif kind == "error":
+                error = content
+            elif kind in ("execute_result", "display_data"):
+                data.append(content["data"])
+            elif kind == "status" and content["execution_state"] == "idle":
+                break
+        reply = self.kc.get_shell_msg(timeout=10)
+        status = reply["content"]["status"]
+        return {"status": status, "streams": streams, "error": error, "data": data}
+
+
+@pytest.fixture
+def kernel():
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="multigpu-course", cwd=str(REPO))
+    try:
+        yield Kernel(km, kc)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+@pytest.fixture
+def no_leftovers():
+    """Fail a test that leaves launcher ranks (or zombies) behind in this process."""
+    import helpers
+
+    yield
+    helpers.shutdown()
+    left = workers()
+    assert not left, f"ranks left behind: {[(p.pid, p.status()) for p in left]}"

@@ -1,0 +1,51 @@
+"""`course run` (the README's main job) executes notebooks with the project kernel into build/."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_setup_notebook_runs_under_papermill_and_lands_in_an_index(tmp_path):
+    out = tmp_path / "build"
+    proc = subprocess.run(
+        [sys.executable, "-m", "course", "run", "lectures/00_setup_check.ipynb", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "00_setup_check.ipynb" in proc.stdout and "0 failed" in proc.stdout
+    import nbformat
+
+    executed = nbformat.read(out / "lectures" / "00_setup_check.ipynb", as_version=4)
+    assert not executed["metadata"]["papermill"]["exception"]
+    assert executed["metadata"]["kernelspec"]["name"] == "multigpu-course"
+    text = "".join(o.get("text", "") for c in executed["cells"] for o in c.get("outputs", []))
+    assert "[rank 0] I am rank 0 of 2" in text and "[rank 1] I am rank 1 of 2" in text
+    index = (out / "index.html").read_text()
+    assert "00_setup_check.html" in index and (out / "lectures" / "00_setup_check.html").exists()
+
+
+def test_a_failing_notebook_is_reported_and_fails_the_run(tmp_path):
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    from course.kernel import KERNELSPEC
+    from course.run import execute
+    from course.syllabus import Entry
+
+    nb = new_notebook(cells=[new_code_cell("1/0")], metadata={"kernelspec": KERNELSPEC})
+    path = tmp_path / "broken.ipynb"
+    nbformat.write(nb, path)
+    result = execute(Entry(path, "broken", "lecture", 60), "quick", tmp_path / "build")
+    assert not result.ok and "ZeroDivisionError" in result.error
+    assert result.output.exists() and result.html.exists()
+
+
+def test_a_notebook_outside_the_syllabus_is_refused():
+    proc = subprocess.run(
+        [sys.executable, "-m", "course", "run", "tests/nope.ipynb"], cwd=REPO, capture_output=True, text=True
+    )
+    assert proc.returncode != 0 and "not in syllabus.yml" in proc.stderr

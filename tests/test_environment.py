@@ -1,0 +1,80 @@
+"""The foundation: one set of dependencies, importable packages, a registered kernel, clean notebooks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import yaml
+from packaging.requirements import Requirement
+
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOK_DIRS = ("lectures", "labs", "solutions")
+
+
+def _reqs(strings) -> dict[str, str]:
+    out = {}
+    for s in strings:
+        r = Requirement(s)
+        out[r.name.lower().replace("_", "-")] = str(r.specifier)
+    return out
+
+
+def test_environment_yml_carries_the_same_dependencies_as_pyproject():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    env = yaml.safe_load((REPO / "environment.yml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
+    from_env = _reqs(p for p in pip if not p.startswith("-e"))
+    assert from_env == _reqs(project["dependencies"]), "environment.yml and pyproject.toml disagree"
+    assert "-e ." in pip, "environment.yml must install the course itself (-e .)"
+    python = next(d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python"))
+    assert python.split("=")[-1] in project["requires-python"] or "3.11" in python
+
+
+def test_torch_is_pinned_exactly():
+    deps = _reqs(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"])
+    assert deps["torch"] == "==2.14.1" and deps["torchvision"] == "==0.29.1"
+
+
+def test_both_packages_import_and_the_cli_answers():
+    import course
+    import helpers
+
+    assert callable(helpers.launch) and callable(course.run_notebooks)
+    for cmd in ([sys.executable, "-m", "course", "--help"], [Path(sys.executable).parent / "course", "--help"]):
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        assert "run" in out and "kernel" in out
+    import torch
+    import torchvision
+
+    assert torch.__version__.startswith("2.14.1") and torchvision.__version__.startswith("0.29.1")
+
+
+def test_project_kernel_is_registered_with_this_interpreter():
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    spec = KernelSpecManager().get_kernel_spec("multigpu-course")
+    assert Path(spec.argv[0]).resolve() == Path(sys.executable).resolve()
+
+
+def _notebooks():
+    return sorted(p for d in NOTEBOOK_DIRS for p in (REPO / d).rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+
+
+def test_every_notebook_names_the_project_kernel_and_is_clean():
+    notebooks = _notebooks()
+    assert notebooks, "no notebooks found"
+    home = str(Path.home())
+    for nb_path in notebooks:
+        text = nb_path.read_text()
+        nb = json.loads(text)
+        assert nb["metadata"]["kernelspec"]["name"] == "multigpu-course", nb_path
+        for cell in nb["cells"]:
+            if cell["cell_type"] == "code":
+                assert cell.get("execution_count") is None, f"{nb_path}: stray execution count"
+        assert str(REPO) not in text and home not in text, f"{nb_path}: absolute path of this machine"
+        tagged = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
+        assert len(tagged) <= 1, f"{nb_path}: more than one cell tagged parameters"

@@ -1,0 +1,397 @@
+"""helpers.launch with real processes: results, output, failures, hangs, leaks, devices, bad input.
+
+Numbers in comments refer to the points of the launcher issue.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from conftest import REPO, descendants, workers
+
+import helpers
+from helpers import LaunchError, LaunchTimeout, RankDied, RankError
+
+pytestmark = pytest.mark.usefixtures("no_leftovers")
+
+
+def rank_sum():
+    t = torch.tensor([dist.get_rank() + 1.0])
+    dist.all_reduce(t)
+    return t.item()
+
+
+# 3. results -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_results_come_back_in_rank_order_and_match_the_formula(world_size):
+    assert helpers.launch(rank_sum, world_size=world_size) == [world_size * (world_size + 1) / 2] * world_size
+    assert helpers.launch(lambda: helpers.rank(), world_size=world_size) == list(range(world_size))
+
+
+def test_any_picklable_value_returns_and_args_kwargs_arrive():
+    def work(a, b, *, scale):
+        r = dist.get_rank()
+        return {"rank": r, "tensor": torch.arange(3) * r * scale, "args": (a, b), "nested": [{r: "x"}]}
+
+    out = helpers.launch(work, [1, 2], "b", world_size=2, scale=10)
+    assert [o["rank"] for o in out] == [0, 1]
+    torch.testing.assert_close(out[1]["tensor"], torch.tensor([0, 10, 20]))
+    assert out[0]["args"] == ([1, 2], "b") and out[1]["nested"] == [{1: "x"}]
+
+
+def test_the_default_group_is_initialised_and_torchrun_variables_are_set():
+    def info():
+        return (dist.is_initialized(), dist.get_backend(), os.environ["RANK"], os.environ["LOCAL_RANK"],
+                os.environ["WORLD_SIZE"], helpers.world_size(), helpers.is_main(), str(helpers.device()))
+
+    out = helpers.launch(info, world_size=2)
+    assert out == [(True, "gloo", str(r), str(r), "2", 2, r == 0, "cpu") for r in range(2)]
+
+
+# 1. functions by value ----------------------------------------------------------------------
+
+
+def test_closures_lambdas_and_globals_travel_by_value():
+    factor = 7
+
+    def closure():
+        return factor * helpers.rank()
+
+    assert helpers.launch(closure, world_size=2) == [0, 7]
+    assert helpers.launch(lambda x: x + helpers.rank(), 5, world_size=2) == [5, 6]
+
+
+# 4. output ----------------------------------------------------------------------------------
+
+
+def test_live_output_is_prefixed_with_the_rank_and_never_broken_mid_line(capfd):
+    def chatty():
+        for i in range(200):
+            print(f"{helpers.rank()}:{i}:" + "x" * 300)
+        print("to stderr", file=sys.stderr)
+
+    helpers.launch(chatty, world_size=4)
+    out, err = capfd.readouterr()
+    lines = out.splitlines()
+    assert len(lines) == 800
+    for line in lines:
+        m = re.fullmatch(r"\[rank (\d)\] (\d):(\d+):x{300}", line)
+        assert m and m.group(1) == m.group(2), line[:80]
+    for r in range(4):  # each rank's own order is kept
+        mine = [int(line.split(":")[1]) for line in lines if line.startswith(f"[rank {r}]")]
+        assert mine == list(range(200))
+    assert sorted(err.splitlines()) == [f"[rank {r}] to stderr" for r in range(4)]
+
+
+def test_grouped_output_is_deterministic_and_rank0_shows_only_rank_0(capfd):
+    def talk():
+        time.sleep(0.05 * (3 - helpers.rank()))  # ranks finish in reverse order
+        print(f"a{helpers.rank()}")
+        print(f"b{helpers.rank()}", end="")  # no final newline: still a whole line
+
+    helpers.launch(talk, world_size=4, output="grouped")
+    out, _ = capfd.readouterr()
+    assert out == "".join(f"[rank {r}] a{r}\n[rank {r}] b{r}\n" for r in range(4))
+    helpers.launch(talk, world_size=4, output="rank0")
+    out, _ = capfd.readouterr()
+    assert out == "[rank 0] a0\n[rank 0] b0\n"
+    helpers.launch(talk, world_size=4, output="none")
+    assert capfd.readouterr() == ("", "")
+
+
+def test_output_from_c_code_is_captured_too(capfd):
+    def c_print():
+        import ctypes
+
+        ctypes.CDLL(None).printf(b"from C on rank %d\n", helpers.rank())
+
+    helpers.launch(c_print, world_size=2, output="grouped")
+    assert capfd.readouterr().out == "[rank 0] from C on rank 0\n[rank 1] from C on rank 1\n"
+
+
+# 5. failures --------------------------------------------------------------------------------
+
+
+def test_an_exception_names_the_rank_keeps_its_type_and_stops_blocked_ranks_fast():
+    def fail_on_1():
+        if dist.get_rank() == 1:
+            raise ValueError("bad batch size 7")
+        dist.all_reduce(torch.ones(1))  # the others wait for rank 1 forever
+
+    helpers.launch(rank_sum, world_size=3)  # warm, so the timing below is the failure path only
+    start = time.monotonic()
+    with pytest.raises(ValueError) as info:
+        helpers.launch(fail_on_1, world_size=3)
+    assert time.monotonic() - start < 2.0  # blocked ranks were stopped, not waited for
+    err = info.value
+    assert isinstance(err, RankError) and err.rank == 1 and err.remote_type == "ValueError"
+    assert str(err).startswith("rank 1 of 3 raised ValueError: bad batch size 7")
+    assert 'raise ValueError("bad batch size 7")' in err.remote_traceback  # the source line
+    assert not workers()  # the failed pool is gone ...
+    assert helpers.launch(rank_sum, world_size=3) == [6.0] * 3  # ... and the next launch works
+
+
+def test_the_same_error_on_every_rank_is_reported_once():
+    with pytest.raises(NotImplementedError) as info:
+        helpers.launch(lambda: (_ for _ in ()).throw(NotImplementedError("exercise 2")), world_size=2)
+    assert "rank 0 of 2 raised NotImplementedError: exercise 2" in str(info.value)
+    assert "ranks 1 raised the same error" in str(info.value)
+
+
+def test_sys_exit_in_a_rank_is_a_failure_not_a_silent_success():
+    with pytest.raises(RankError, match=r"sys.exit\(0\) was called"):
+        helpers.launch(lambda: sys.exit(0), world_size=2)
+
+
+@pytest.mark.parametrize(
+    "how, expect",
+    [
+        ("os._exit(3)", "exit code 3"),
+        ("os.kill(os.getpid(), signal.SIGKILL)", "signal SIGKILL"),
+        ("ctypes.string_at(0)", "signal SIGSEGV"),
+    ],
+)
+def test_a_rank_that_dies_hard_is_reported_by_rank_and_cause(how, expect):
+    def die(how):
+        import ctypes
+
+        if dist.get_rank() == 1:
+            exec(how, {"os": os, "signal": signal, "ctypes": ctypes})
+        dist.barrier()
+
+    with pytest.raises(RankDied) as info:
+        helpers.launch(die, how, world_size=2)
+    assert info.value.rank == 1 and expect in str(info.value)
+    assert not workers()
+
+
+# 6. hangs -----------------------------------------------------------------------------------
+
+
+def test_a_skipped_collective_times_out_naming_ranks_op_shape_and_line():
+    def skip():
+        if dist.get_rank() != 0:
+            dist.all_reduce(torch.ones(1))  # rank 0 never comes
+
+    helpers.launch(rank_sum, world_size=3)
+    start = time.monotonic()
+    with pytest.raises(LaunchTimeout) as info:
+        helpers.launch(skip, world_size=3, timeout=2)
+    assert time.monotonic() - start < 2 + 5
+    msg = str(info.value)
+    assert "rank 0 returned while ranks 1, 2 wait in all_reduce" in msg
+    assert "rank 1: blocked in all_reduce(float32[1]) #0 on world" in msg
+    assert "dist.all_reduce(torch.ones(1))  # rank 0 never comes" in msg  # the student's line
+    assert not workers()
+
+
+def test_different_shapes_on_different_ranks_are_named():
+    def shapes():
+        dist.all_reduce(torch.ones(2 + dist.get_rank()))
+
+    with pytest.raises(LaunchTimeout) as info:
+        helpers.launch(shapes, world_size=3, timeout=2)
+    msg = str(info.value)
+    assert "with different tensors" in msg and "float32[3]" in msg and "float32[4]" in msg
+
+
+def test_different_collectives_at_the_same_point_are_named():
+    def mixed():
+        if dist.get_rank() == 0:
+            dist.barrier()
+        else:
+            dist.all_reduce(torch.ones(1))
+
+    with pytest.raises(LaunchTimeout) as info:
+        helpers.launch(mixed, world_size=2, timeout=2)
+    assert "disagree on collective #0 on world" in str(info.value)
+
+
+def test_recv_recv_deadlock_is_explained():
+    def both_receive():
+        dist.recv(torch.zeros(2), src=1 - dist.get_rank())
+
+    with pytest.raises(LaunchTimeout) as info:
+        helpers.launch(both_receive, world_size=2, timeout=2)
+    assert "Deadlock: every unfinished rank waits to receive (0←1, 1←0)" in str(info.value)
+
+
+def test_a_busy_rank_is_shown_in_python_with_its_stack():
+    def spin():
+        if dist.get_rank() == 1:
+            while True:
+                pass
+        dist.barrier()
+
+    with pytest.raises(LaunchTimeout) as info:
+        helpers.launch(spin, world_size=2, timeout=2)
+    msg = str(info.value)
+    assert "rank 1: running Python code, in no torch.distributed call" in msg
+    assert "while True:" in msg or "pass" in msg
+    assert "rank 0: blocked in barrier()" in msg
+
+
+def test_there_is_a_default_timeout_and_it_can_be_set_by_the_environment():
+    assert 0 < helpers.launch.__globals__["DEFAULT_TIMEOUT"] < float("inf")
+    script = "import helpers, time\nhelpers.launch(lambda: time.sleep(60), world_size=1)"
+    env = dict(os.environ, HELPERS_LAUNCH_TIMEOUT="2")
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 1 and "LaunchTimeout: launch did not finish within 2 s" in proc.stderr
+
+
+# 8. leaks and clashes -------------------------------------------------------------------------
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_fifty_launches_leak_no_process_fd_or_port():
+    helpers.shutdown()
+    before = _fds()
+    helpers.launch(rank_sum, world_size=2)
+    pids = {p.pid for p in workers()}
+    after_first = _fds()
+    for _ in range(50):
+        assert helpers.launch(rank_sum, world_size=2) == [3.0, 3.0]
+    assert _fds() == after_first and {p.pid for p in workers()} == pids  # warm pool, nothing grows
+    with pytest.raises(RankError):  # a failure replaces the pool; the old one leaves nothing
+        helpers.launch(lambda: 1 / 0, world_size=2)
+    helpers.launch(rank_sum, world_size=2)
+    assert _fds() == after_first
+    helpers.shutdown()
+    assert _fds() == before and not workers()
+
+
+def test_concurrent_notebooks_on_one_machine_never_collide(tmp_path):
+    script = textwrap.dedent(
+        """
+        import helpers, torch, torch.distributed as dist
+        def work(i):
+            t = torch.tensor([float(dist.get_rank() + i)]); dist.all_reduce(t); return t.item()
+        for i in range(5):
+            assert helpers.launch(work, i, world_size=2) == [2.0 * i + 1] * 2
+        print("ok")
+        """
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
+    for p in procs:
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0 and "ok" in out, err[-2000:]
+
+
+def test_no_fixed_port_anywhere_in_the_launcher():
+    source = "".join((REPO / "helpers" / f).read_text() for f in ("launch.py", "_worker.py", "world.py"))
+    assert "29500" not in source and "MASTER_PORT" not in source
+
+
+# 9. warm pools -------------------------------------------------------------------------------
+
+
+def test_workers_persist_between_launches_and_a_dead_pool_is_replaced():
+    first = helpers.launch(os.getpid, world_size=2)
+    assert helpers.launch(os.getpid, world_size=2) == first  # the same warm processes
+    os.kill(first[1], signal.SIGKILL)
+    time.sleep(0.2)
+    again = helpers.launch(os.getpid, world_size=2)
+    assert again != first and len(set(again)) == 2
+
+
+def test_each_launch_sees_the_random_state_of_a_fresh_process():
+    draw = lambda: (torch.rand(2).tolist(), __import__("random").random())  # noqa: E731
+    cold = helpers.launch(draw, world_size=2)
+    warm = helpers.launch(draw, world_size=2)
+    assert cold == warm
+
+
+def test_a_function_that_destroys_the_group_retires_its_pool():
+    first = helpers.launch(os.getpid, world_size=2)
+    helpers.launch(dist.destroy_process_group, world_size=2)
+    second = helpers.launch(os.getpid, world_size=2)
+    assert set(first).isdisjoint(second)
+
+
+def test_calling_init_process_group_inside_says_it_is_already_done():
+    with pytest.raises(RuntimeError, match="already initialised the default process group"):
+        helpers.launch(lambda: dist.init_process_group("gloo"), world_size=2)
+
+
+# 10. devices and threads ---------------------------------------------------------------------
+
+
+def test_each_cpu_rank_gets_its_share_of_the_cores():
+    cores = helpers.world.cpu_count()
+    for n in (1, 2, 4):
+        assert helpers.launch(torch.get_num_threads, world_size=n) == [max(1, cores // n)] * n
+    assert helpers.launch(torch.get_num_threads, world_size=2, threads=3) == [3, 3]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without GPUs")
+def test_nccl_without_gpus_is_a_clear_error():
+    with pytest.raises(LaunchError, match="backend='nccl' needs one CUDA GPU per rank: 2 ranks on this node but 0 GPUs"):
+        helpers.launch(rank_sum, world_size=2, backend="nccl")
+    assert helpers.launch(rank_sum, world_size=2, backend="auto") == [3.0, 3.0]  # auto falls back to gloo
+
+
+def test_mpi_without_an_mpi_build_is_a_clear_error():
+    if dist.is_mpi_available():
+        pytest.skip("this torch has MPI")
+    with pytest.raises(LaunchError, match="backend='mpi' needs a torch built from source"):
+        helpers.launch(rank_sum, world_size=1, backend="mpi")
+
+
+# 12. bad input -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ws", [0, -1, 2.5, True, "2", None])
+def test_a_bad_world_size_is_refused_before_anything_starts(ws):
+    with pytest.raises(ValueError, match="world_size must be a whole number >= 1"):
+        helpers.launch(rank_sum, world_size=ws)
+    assert not workers()
+
+
+def test_bad_arguments_are_refused_before_anything_starts():
+    with pytest.raises(TypeError, match="needs a function to run on every rank, got 5"):
+        helpers.launch(5, world_size=2)
+    with pytest.raises(TypeError, match=r"argument 'lock' \(lock\) cannot be sent to the ranks"):
+        helpers.launch(lambda lock: None, world_size=2, lock=threading.Lock())
+    with pytest.raises(TypeError, match=r"positional argument 1 \(generator\) cannot be sent"):
+        helpers.launch(lambda a, b: None, 1, (i for i in range(3)), world_size=2)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        helpers.launch(rank_sum, world_size=2, backend="tcp")
+    with pytest.raises(ValueError, match="output must be one of"):
+        helpers.launch(rank_sum, world_size=2, output="loud")
+    with pytest.raises(ValueError, match="timeout must be a positive number"):
+        helpers.launch(rank_sum, world_size=2, timeout=0)
+    assert not workers()
+
+
+def test_an_unpicklable_return_value_is_named():
+    with pytest.raises(TypeError, match=r"return value \(lock\) cannot be pickled back to the notebook"):
+        helpers.launch(threading.Lock, world_size=2)
+
+
+def test_launch_inside_a_launched_rank_is_refused():
+    with pytest.raises(LaunchError, match="called inside a launched rank"):
+        helpers.launch(lambda: helpers.launch(rank_sum, world_size=2), world_size=2)
+
+
+def test_the_launcher_never_forks_this_process():
+    helpers.launch(rank_sum, world_size=2)
+    for p in descendants():
+        assert p.cmdline()[1:3] == ["-m", "helpers._worker"], p.cmdline()
