@@ -48,7 +48,9 @@ def findings(infos: dict[int, dict]) -> list[str]:
     """What the states say together: the likely bug, in words a student can act on."""
     finished = [r for r, i in infos.items() if i.get("finished")]
     blocked = {
-        r: i["snapshot"] for r, i in infos.items() if i.get("snapshot") and i["snapshot"]["call"]
+        r: i["snapshot"]
+        for r, i in infos.items()
+        if not i.get("finished") and (i.get("snapshot") or {}).get("call")
     }
     out = []
     collectives = {r: s for r, s in blocked.items() if s["call_key"][1] is not None}
@@ -98,7 +100,8 @@ def findings(infos: dict[int, dict]) -> list[str]:
                 )
     if p2p:
         receivers = {r for r, s in p2p.items() if s["call_key"][2] in ("recv", "irecv")}
-        if receivers and receivers == set(p2p) and len(receivers) == len(infos) - len(finished):
+        # A cycle: every receiver waits on a peer that is itself blocked receiving.
+        if len(receivers) > 1 and all(p2p[r]["call_peer"] in receivers for r in receivers):
             pairs = ", ".join(f"{r}←{p2p[r]['call_peer']}" for r in sorted(receivers))
             out.append(
                 f"Deadlock: every unfinished rank waits to receive ({pairs}) and none is "

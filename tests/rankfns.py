@@ -1,0 +1,13 @@
+"""Functions that tests run on several ranks, importable by module name (for torchrun)."""
+
+import torch
+import torch.distributed as dist
+
+import helpers
+
+
+def ring_sum(scale=1.0, tag="x"):
+    """Every rank contributes (rank + 1) * scale; returns what it saw."""
+    t = torch.tensor([(dist.get_rank() + 1) * scale])
+    dist.all_reduce(t)
+    return {"rank": helpers.rank(), "world": helpers.world_size(), "sum": t.item(), "tag": tag}
