@@ -50,5 +50,5 @@ def test_explain_lists_every_rank_with_its_stack():
     text = explain({0: blocked("barrier", "", stack=[("cell.py", 3, "work", "dist.barrier()")]),
                     1: {"finished": False, "snapshot": None, "dump": "Thread 0x1 (most recent call first):"}}, 5, 2)
     assert text.startswith("launch did not finish within 5 s: ranks 0, 1 of 2 still running.")
-    assert 'File "cell.py", line 3, in work\n        dist.barrier()' in text
+    assert 'File "cell.py", line 3, in work\n      dist.barrier()' in text
     assert "rank 1: did not answer" in text and "Thread 0x1" in text
