@@ -40,7 +40,9 @@ def load_syllabus(path: Path | str = SYLLABUS) -> list[Entry]:
         if not nb.is_file():
             raise FileNotFoundError(f"{path}: entry {i} names {item['path']}, which does not exist")
         if item["kind"] not in ("lecture", "lab"):
-            raise ValueError(f"{path}: entry {i} kind must be 'lecture' or 'lab', not {item['kind']!r}")
+            raise ValueError(
+                f"{path}: entry {i} kind must be 'lecture' or 'lab', not {item['kind']!r}"
+            )
         entries.append(
             Entry(
                 path=nb,

@@ -5,12 +5,13 @@
   the same answers under launch, under torchrun, and in a plain process.
 """
 
+from helpers import world
 from helpers.errors import LaunchError, LaunchTimeout, RankDied, RankError
 from helpers.launch import launch, shutdown
-from helpers import world
 from helpers.world import device, is_main, local_rank, print0, rank, world_size
 
 __all__ = [
+    "world",
     "LaunchError",
     "LaunchTimeout",
     "RankDied",

@@ -173,7 +173,12 @@ def rendezvous(task: Connection, cfg: dict):
     timeout = timedelta(seconds=cfg["start_timeout"])
     if cfg["rank"] == 0:
         store = dist.TCPStore(
-            "127.0.0.1", 0, cfg["world_size"], is_master=True, timeout=timeout, wait_for_workers=False
+            "127.0.0.1",
+            0,
+            cfg["world_size"],
+            is_master=True,
+            timeout=timeout,
+            wait_for_workers=False,
         )
         task.send(("port", store.port))
         return store
@@ -232,8 +237,7 @@ def main() -> None:
         import torch
         import torch.distributed as dist
 
-        from helpers import world
-        from helpers import watch
+        from helpers import watch, world
 
         world.use_loopback()
         watch.install()

@@ -88,7 +88,9 @@ def launch(
         raise ValueError(f"output must be one of {', '.join(OUTPUTS)}, not {output!r}")
     timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     if not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds (or math.inf), not {timeout!r}")
+        raise ValueError(
+            f"timeout must be a positive number of seconds (or math.inf), not {timeout!r}"
+        )
     threads = thread_budget(world_size, threads)
     payload = _pickle_call(fn, args, kwargs)
     opts = {"cwd": os.getcwd(), "sys_path": [os.path.abspath(p) for p in sys.path]}
@@ -368,7 +370,7 @@ class _Pool:
 
     def _selector(self) -> selectors.BaseSelector:
         sel = selectors.DefaultSelector()
-        for rank, (proc, conn) in enumerate(zip(self.procs, self.tasks)):
+        for rank, (proc, conn) in enumerate(zip(self.procs, self.tasks, strict=True)):
             sel.register(conn.fileno(), selectors.EVENT_READ, ("task", rank))
             sel.register(proc.stdout.fileno(), selectors.EVENT_READ, ("stdout", rank))
             sel.register(proc.stderr.fileno(), selectors.EVENT_READ, ("stderr", rank))
@@ -424,7 +426,9 @@ class _Pool:
                 for rank, proc in enumerate(self.procs):
                     if rank not in replies and proc.poll() is not None and first_failure is None:
                         first_failure = time.monotonic()
-            dead = [r for r, p in enumerate(self.procs) if r not in replies and p.poll() is not None]
+            dead = [
+                r for r, p in enumerate(self.procs) if r not in replies and p.poll() is not None
+            ]
             if dead or first_failure is not None:
                 self._drain(sel, lines, printer, marker)
         finally:
@@ -438,7 +442,11 @@ class _Pool:
             raise RankDied(
                 f"rank {rank} of {self.world_size} died ({describe_exit(self.procs[rank].returncode)})"
                 " without returning or raising"
-                + (f"; {diagnose._ranks(others)} then raised (likely because of it)" if others else "")
+                + (
+                    f"; {diagnose._ranks(others)} then raised (likely because of it)"
+                    if others
+                    else ""
+                )
                 + ". All ranks were stopped."
                 + (f"\nIts last stderr lines:\n{tail}" if tail else ""),
                 rank,
@@ -466,7 +474,7 @@ class _Pool:
                     sel.unregister(key.fd)
                     continue
                 printer.lines(rank, kind, lines.feed((rank, kind), data, marker)[0])
-        for (rank, kind) in list(lines.buf):
+        for rank, kind in list(lines.buf):
             printer.lines(rank, kind, lines.rest((rank, kind)))
 
     def _rank_error(self, errors: dict) -> Exception:

@@ -56,8 +56,11 @@ def resolve(target: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m helpers.run", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m helpers.run",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("target", help="module:function to run on every rank")
     parser.add_argument("args", nargs="*", help="arguments: Python literals, or key=value")
     parser.add_argument("--backend", default="auto", help="auto, gloo, nccl or mpi")
@@ -78,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch.distributed as dist
 
-    from helpers import watch, world as world_mod
+    from helpers import watch
+    from helpers import world as world_mod
 
     if os.environ.get("MASTER_ADDR") in ("127.0.0.1", "localhost") or local_world == world:
         world_mod.use_loopback()  # one node: no network needed

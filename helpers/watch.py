@@ -93,7 +93,9 @@ def _shape(t) -> str:
         return f"{str(t.dtype).replace('torch.', '')}[{dims}]"
     if isinstance(t, (list, tuple)):
         inner = {_shape(x) for x in t}
-        return f"{len(t)}×{inner.pop()}" if len(inner) == 1 else "[" + ", ".join(map(_shape, t)) + "]"
+        return (
+            f"{len(t)}×{inner.pop()}" if len(inner) == 1 else "[" + ", ".join(map(_shape, t)) + "]"
+        )
     return type(t).__name__
 
 

@@ -74,7 +74,9 @@ def use_loopback() -> None:
     Without it gloo resolves the host name, which fails in sandboxes without a network.
     """
     for name in ("lo", "lo0"):
-        if os.path.exists(f"/sys/class/net/{name}") or (name == "lo0" and os.uname().sysname == "Darwin"):
+        if os.path.exists(f"/sys/class/net/{name}") or (
+            name == "lo0" and os.uname().sysname == "Darwin"
+        ):
             os.environ.setdefault("GLOO_SOCKET_IFNAME", name)
             os.environ.setdefault("NCCL_SOCKET_IFNAME", name)
             return

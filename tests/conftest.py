@@ -54,7 +54,9 @@ class Kernel:
             try:
                 msg = self.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
             except queue.Empty:
-                raise TimeoutError(f"kernel gave no output for {timeout} s running:\n{code}")
+                raise TimeoutError(
+                    f"kernel gave no output for {timeout} s running:\n{code}"
+                ) from None
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
             kind, content = msg["msg_type"], msg["content"]

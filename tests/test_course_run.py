@@ -13,7 +13,10 @@ def test_setup_notebook_runs_under_papermill_and_lands_in_an_index(tmp_path):
     out = tmp_path / "build"
     proc = subprocess.run(
         [sys.executable, "-m", "course", "run", "lectures/00_setup_check.ipynb", "--out", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "00_setup_check.ipynb" in proc.stdout and "0 failed" in proc.stdout
@@ -46,6 +49,9 @@ def test_a_failing_notebook_is_reported_and_fails_the_run(tmp_path):
 
 def test_a_notebook_outside_the_syllabus_is_refused():
     proc = subprocess.run(
-        [sys.executable, "-m", "course", "run", "tests/nope.ipynb"], cwd=REPO, capture_output=True, text=True
+        [sys.executable, "-m", "course", "run", "tests/nope.ipynb"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode != 0 and "not in syllabus.yml" in proc.stderr

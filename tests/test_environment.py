@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
+import tomllib
 import yaml
 from packaging.requirements import Requirement
 
@@ -44,7 +44,10 @@ def test_both_packages_import_and_the_cli_answers():
     import helpers
 
     assert callable(helpers.launch) and callable(course.run_notebooks)
-    for cmd in ([sys.executable, "-m", "course", "--help"], [Path(sys.executable).parent / "course", "--help"]):
+    for cmd in (
+        [sys.executable, "-m", "course", "--help"],
+        [Path(sys.executable).parent / "course", "--help"],
+    ):
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
         assert "run" in out and "kernel" in out
     import torch
@@ -61,7 +64,12 @@ def test_project_kernel_is_registered_with_this_interpreter():
 
 
 def _notebooks():
-    return sorted(p for d in NOTEBOOK_DIRS for p in (REPO / d).rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+    return sorted(
+        p
+        for d in NOTEBOOK_DIRS
+        for p in (REPO / d).rglob("*.ipynb")
+        if ".ipynb_checkpoints" not in p.parts
+    )
 
 
 def test_every_notebook_names_the_project_kernel_and_is_clean():
@@ -75,6 +83,8 @@ def test_every_notebook_names_the_project_kernel_and_is_clean():
         for cell in nb["cells"]:
             if cell["cell_type"] == "code":
                 assert cell.get("execution_count") is None, f"{nb_path}: stray execution count"
-        assert str(REPO) not in text and home not in text, f"{nb_path}: absolute path of this machine"
+        assert str(REPO) not in text and home not in text, (
+            f"{nb_path}: absolute path of this machine"
+        )
         tagged = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
         assert len(tagged) <= 1, f"{nb_path}: more than one cell tagged parameters"

@@ -36,14 +36,22 @@ def rank_sum():
 
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_results_come_back_in_rank_order_and_match_the_formula(world_size):
-    assert helpers.launch(rank_sum, world_size=world_size) == [world_size * (world_size + 1) / 2] * world_size
+    assert (
+        helpers.launch(rank_sum, world_size=world_size)
+        == [world_size * (world_size + 1) / 2] * world_size
+    )
     assert helpers.launch(lambda: helpers.rank(), world_size=world_size) == list(range(world_size))
 
 
 def test_any_picklable_value_returns_and_args_kwargs_arrive():
     def work(a, b, *, scale):
         r = dist.get_rank()
-        return {"rank": r, "tensor": torch.arange(3) * r * scale, "args": (a, b), "nested": [{r: "x"}]}
+        return {
+            "rank": r,
+            "tensor": torch.arange(3) * r * scale,
+            "args": (a, b),
+            "nested": [{r: "x"}],
+        }
 
     out = helpers.launch(work, [1, 2], "b", world_size=2, scale=10)
     assert [o["rank"] for o in out] == [0, 1]
@@ -53,8 +61,16 @@ def test_any_picklable_value_returns_and_args_kwargs_arrive():
 
 def test_the_default_group_is_initialised_and_torchrun_variables_are_set():
     def info():
-        return (dist.is_initialized(), dist.get_backend(), os.environ["RANK"], os.environ["LOCAL_RANK"],
-                os.environ["WORLD_SIZE"], helpers.world_size(), helpers.is_main(), str(helpers.device()))
+        return (
+            dist.is_initialized(),
+            dist.get_backend(),
+            os.environ["RANK"],
+            os.environ["LOCAL_RANK"],
+            os.environ["WORLD_SIZE"],
+            helpers.world_size(),
+            helpers.is_main(),
+            str(helpers.device()),
+        )
 
     out = helpers.launch(info, world_size=2)
     assert out == [(True, "gloo", str(r), str(r), "2", 2, r == 0, "cpu") for r in range(2)]
@@ -145,7 +161,9 @@ def test_an_exception_names_the_rank_keeps_its_type_and_stops_blocked_ranks_fast
 
 def test_the_same_error_on_every_rank_is_reported_once():
     with pytest.raises(NotImplementedError) as info:
-        helpers.launch(lambda: (_ for _ in ()).throw(NotImplementedError("exercise 2")), world_size=2)
+        helpers.launch(
+            lambda: (_ for _ in ()).throw(NotImplementedError("exercise 2")), world_size=2
+        )
     assert "rank 0 of 2 raised NotImplementedError: exercise 2" in str(info.value)
     assert "ranks 1 raised the same error" in str(info.value)
 
@@ -247,7 +265,9 @@ def test_there_is_a_default_timeout_and_it_can_be_set_by_the_environment():
     assert 0 < helpers.launch.__globals__["DEFAULT_TIMEOUT"] < float("inf")
     script = "import helpers, time\nhelpers.launch(lambda: time.sleep(60), world_size=1)"
     env = dict(os.environ, HELPERS_LAUNCH_TIMEOUT="2")
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=90)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=90
+    )
     assert proc.returncode == 1 and "LaunchTimeout: launch did not finish within 2 s" in proc.stderr
 
 
@@ -287,7 +307,12 @@ def test_concurrent_notebooks_on_one_machine_never_collide(tmp_path):
         """
     )
     procs = [
-        subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", script],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(3)
     ]
     for p in procs:
@@ -296,7 +321,9 @@ def test_concurrent_notebooks_on_one_machine_never_collide(tmp_path):
 
 
 def test_no_fixed_port_anywhere_in_the_launcher():
-    source = "".join((REPO / "helpers" / f).read_text() for f in ("launch.py", "_worker.py", "world.py"))
+    source = "".join(
+        (REPO / "helpers" / f).read_text() for f in ("launch.py", "_worker.py", "world.py")
+    )
     assert "29500" not in source and "MASTER_PORT" not in source
 
 
@@ -341,11 +368,19 @@ def test_each_cpu_rank_gets_its_share_of_the_cores():
     assert helpers.launch(torch.get_num_threads, world_size=2, threads=3) == [3, 3]
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without GPUs")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="checks the message of a machine without GPUs"
+)
 def test_nccl_without_gpus_is_a_clear_error():
-    with pytest.raises(LaunchError, match="backend='nccl' needs one CUDA GPU per rank: 2 ranks on this node but 0 GPUs"):
+    with pytest.raises(
+        LaunchError,
+        match="backend='nccl' needs one CUDA GPU per rank: 2 ranks on this node but 0 GPUs",
+    ):
         helpers.launch(rank_sum, world_size=2, backend="nccl")
-    assert helpers.launch(rank_sum, world_size=2, backend="auto") == [3.0, 3.0]  # auto falls back to gloo
+    assert helpers.launch(rank_sum, world_size=2, backend="auto") == [
+        3.0,
+        3.0,
+    ]  # auto falls back to gloo
 
 
 def test_mpi_without_an_mpi_build_is_a_clear_error():
@@ -382,7 +417,9 @@ def test_bad_arguments_are_refused_before_anything_starts():
 
 
 def test_an_unpicklable_return_value_is_named():
-    with pytest.raises(TypeError, match=r"return value \(lock\) cannot be pickled back to the notebook"):
+    with pytest.raises(
+        TypeError, match=r"return value \(lock\) cannot be pickled back to the notebook"
+    ):
         helpers.launch(threading.Lock, world_size=2)
 
 

@@ -15,7 +15,9 @@ import helpers
 
 def test_functions_typed_in_cells_run_with_notebook_globals_and_imports(kernel):
     kernel.execute(SETUP)
-    kernel.execute("import numpy as np\nOFFSET = 100\nclass Box:\n    def __init__(self, v): self.v = v")
+    kernel.execute(
+        "import numpy as np\nOFFSET = 100\nclass Box:\n    def __init__(self, v): self.v = v"
+    )
     r = kernel.execute(
         "def work(k):\n"
         "    t = torch.tensor([float(dist.get_rank())]); dist.all_reduce(t)\n"
@@ -40,7 +42,12 @@ def test_output_streams_into_the_cell_while_ranks_run(kernel):
     assert r["status"] == "ok", r["error"]
     stdout = [(t, text) for t, name, text in r["streams"] if name == "stdout"]
     text = "".join(s for _, s in stdout)
-    assert sorted(text.splitlines()) == ["[rank 0] first", "[rank 0] second", "[rank 1] first", "[rank 1] second"]
+    assert sorted(text.splitlines()) == [
+        "[rank 0] first",
+        "[rank 0] second",
+        "[rank 1] first",
+        "[rank 1] second",
+    ]
     t_first = min(t for t, s in stdout if "first" in s)
     t_second = max(t for t, s in stdout if "second" in s)
     assert t_second - t_first > 2.5  # 'first' reached the cell during the run, not after it
@@ -95,7 +102,9 @@ def test_interrupt_stops_ranks_blocked_in_a_collective_and_leaves_nothing(kernel
 
 def test_shutdown_leaves_no_process_under_the_kernel(kernel):
     kernel.execute(SETUP)
-    kernel.execute("helpers.launch(lambda: None, world_size=2); helpers.launch(lambda: None, world_size=3)")
+    kernel.execute(
+        "helpers.launch(lambda: None, world_size=2); helpers.launch(lambda: None, world_size=3)"
+    )
     assert len([p for p in descendants(kernel.pid) if "helpers._worker" in " ".join(_cmd(p))]) == 5
     kernel.execute("helpers.shutdown()")
     assert descendants(kernel.pid) == []  # no rank, and no zombie waiting to be reaped
