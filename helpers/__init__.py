@@ -1,16 +1,38 @@
 """The course's helper library: ``import helpers`` in any notebook.
 
 - ``launch(fn, *args, world_size=N)`` / ``shutdown()``: run a notebook function on N ranks.
+- measuring: ``StepTimer`` (timing), ``CommRecorder`` (comm), ``trace`` (tracing),
+  ``benchmark_collectives`` (bench), ``bandwidth``, ``costmodel``, ``memory_limit`` (memory),
+  ``plots``.
 - ``rank()``, ``world_size()``, ``local_rank()``, ``is_main()``, ``print0()``, ``device()``:
   the same answers under launch, under torchrun, and in a plain process.
 """
 
-from helpers import world
+from helpers import bandwidth, bench, costmodel, memory, plots, timing, world
+from helpers.bench import benchmark_collectives, memcpy_bandwidth
+from helpers.comm import CommRecorder
+from helpers.costmodel import predict_step
 from helpers.errors import LaunchError, LaunchTimeout, RankDied, RankError
 from helpers.launch import launch, shutdown
+from helpers.memory import memory_limit
+from helpers.timing import StepTimer
+from helpers.tracing import trace
 from helpers.world import device, is_main, local_rank, print0, rank, world_size
 
 __all__ = [
+    "CommRecorder",
+    "StepTimer",
+    "bandwidth",
+    "bench",
+    "benchmark_collectives",
+    "costmodel",
+    "memcpy_bandwidth",
+    "memory",
+    "memory_limit",
+    "plots",
+    "predict_step",
+    "timing",
+    "trace",
     "world",
     "LaunchError",
     "LaunchTimeout",

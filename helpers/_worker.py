@@ -195,6 +195,7 @@ def run_task(task_id: int, payload: bytes, opts: dict, rng: tuple):
     from helpers import watch
 
     os.chdir(opts["cwd"])
+    sys.argv[:] = opts["argv"]
     sys.path[:] = opts["sys_path"] + [p for p in sys.path if p not in opts["sys_path"]]
     # Every launch sees the random state of a fresh process: warm and cold runs agree.
     torch.set_rng_state(rng[0])

@@ -99,7 +99,7 @@ def findings(infos: dict[int, dict]) -> list[str]:
                     f"{parts}. Shapes and dtypes must match on every rank."
                 )
     if p2p:
-        receivers = {r for r, s in p2p.items() if s["call_key"][2] in ("recv", "irecv")}
+        receivers = {r for r, s in p2p.items() if s["call_key"][2] == "recv"}
         # A cycle: every receiver waits on a peer that is itself blocked receiving.
         if len(receivers) > 1 and all(p2p[r]["call_peer"] in receivers for r in receivers):
             pairs = ", ".join(f"{r}←{p2p[r]['call_peer']}" for r in sorted(receivers))

@@ -93,7 +93,12 @@ def launch(
         )
     threads = thread_budget(world_size, threads)
     payload = _pickle_call(fn, args, kwargs)
-    opts = {"cwd": os.getcwd(), "sys_path": [os.path.abspath(p) for p in sys.path]}
+    # The ranks see the caller's working directory, import path and argv, as a thread would.
+    opts = {
+        "cwd": os.getcwd(),
+        "sys_path": [os.path.abspath(p) for p in sys.path],
+        "argv": list(sys.argv),
+    }
 
     with _lock:
         pool = _get_pool(world_size, backend, threads)

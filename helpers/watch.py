@@ -21,10 +21,12 @@ COLLECTIVES = (
     "reduce",
     "all_gather",
     "all_gather_into_tensor",
+    "all_gather_single",
     "gather",
     "scatter",
     "reduce_scatter",
     "reduce_scatter_tensor",
+    "reduce_scatter_single",
     "all_to_all",
     "all_to_all_single",
     "barrier",
@@ -34,7 +36,9 @@ COLLECTIVES = (
     "gather_object",
     "scatter_object_list",
 )
-POINT_TO_POINT = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
+# isend/irecv stay unwrapped: they return at once (the wait blocks), and P2POp checks
+# `op is dist.isend`, which a wrapper would break.
+POINT_TO_POINT = ("send", "recv", "batch_isend_irecv")
 TENSOR_ARGS = (
     "tensor",
     "output",
@@ -67,7 +71,7 @@ class Call:
         """A one-line description, e.g. 'all_reduce(float32[1]) #3 on world'."""
         peer = ""
         if self.peer is not None:
-            peer = f", {'dst' if self.op in ('send', 'isend', 'reduce', 'gather') else 'src'}={self.peer}"
+            peer = f", {'dst' if self.op in ('send', 'reduce', 'gather') else 'src'}={self.peer}"
         where = f" #{self.seq} on {self.group}" if self.seq is not None else f" on {self.group}"
         return f"{self.op}({self.tensors}{peer}){where}"
 

@@ -79,6 +79,20 @@ def test_the_default_group_is_initialised_and_torchrun_variables_are_set():
 # 1. functions by value ----------------------------------------------------------------------
 
 
+def test_ranks_see_the_callers_cwd_argv_and_import_path(tmp_path, monkeypatch):
+    (tmp_path / "local_mod.py").write_text("VALUE = 42\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "argv", ["notebook", "--flag"])
+
+    def where():
+        import local_mod
+
+        return os.getcwd(), sys.argv, local_mod.VALUE
+
+    assert helpers.launch(where, world_size=2) == [(str(tmp_path), ["notebook", "--flag"], 42)] * 2
+
+
 def test_closures_lambdas_and_globals_travel_by_value():
     factor = 7
 
@@ -244,6 +258,25 @@ def test_recv_recv_deadlock_is_explained():
     with pytest.raises(LaunchTimeout) as info:
         helpers.launch(both_receive, world_size=2, timeout=2)
     assert "Deadlock: every unfinished rank waits to receive (0←1, 1←0)" in str(info.value)
+
+
+def test_non_blocking_point_to_point_still_works_under_the_watch():
+    def ring():
+        r, n = dist.get_rank(), dist.get_world_size()
+        out = torch.zeros(1)
+        ops = [
+            dist.P2POp(dist.isend, torch.tensor([float(r)]), (r + 1) % n),
+            dist.P2POp(dist.irecv, out, (r - 1) % n),
+        ]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        req = dist.isend(out * 0 + r, (r + 1) % n)
+        got = torch.zeros(1)
+        dist.irecv(got, (r - 1) % n).wait()
+        req.wait()
+        return out.item(), got.item()
+
+    assert helpers.launch(ring, world_size=3) == [(2.0, 2.0), (0.0, 0.0), (1.0, 1.0)]
 
 
 def test_a_busy_rank_is_shown_in_python_with_its_stack():

@@ -1,0 +1,164 @@
+"""Where a rank's memory goes — parameters, gradients, optimizer state, activations — and a
+device memory budget, so "does not fit on one device, fits when sharded" works on a laptop.
+
+    with helpers.memory_limit("1.5GB", model, optimizer) as budget:
+        loss = model(x).sum(); loss.backward(); optimizer.step()
+    budget.peak            # the largest total seen, by part
+
+On CPU the budget raises ``torch.OutOfMemoryError`` worded like CUDA's when the tracked
+tensors exceed it: checked whenever autograd saves an activation, and at ``check()``. On a GPU
+it sets the caching allocator's real limit (``set_per_process_memory_fraction``). Sizes are
+bytes; "1.5GB" means 1.5e9 bytes, "1.5GiB" 1.5 × 2**30.
+"""
+
+from __future__ import annotations
+
+import re
+import weakref
+
+UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 1e3,
+    "MB": 1e6,
+    "GB": 1e9,
+    "TB": 1e12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
+
+
+def parse_bytes(size) -> int:
+    """'1.5GB' -> 1_500_000_000; an int passes through."""
+    if isinstance(size, (int, float)) and not isinstance(size, bool):
+        return int(size)
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([A-Za-z]*)\s*", str(size))
+    if not m or m.group(2).upper() not in UNITS:
+        raise ValueError(
+            f"cannot read {size!r} as a size: write e.g. 1500000000, '1.5GB' or '1.5GiB'"
+        )
+    return int(float(m.group(1)) * UNITS[m.group(2).upper()])
+
+
+def fmt_bytes(n: float) -> str:
+    """Bytes in CUDA's style: '1.50 GiB', '20.00 MiB'."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} bytes"
+
+
+def _bytes(tensors) -> int:
+    seen, total = set(), 0
+    for t in tensors:
+        if t is None:
+            continue
+        key = (t.untyped_storage().data_ptr(), t.device)
+        if key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+    return total
+
+
+def optimizer_tensors(optimizer):
+    import torch
+
+    if optimizer is None:
+        return []
+    return [
+        v
+        for state in optimizer.state.values()
+        for v in state.values()
+        if isinstance(v, torch.Tensor) and v.dim() > 0
+    ]
+
+
+def breakdown(model, optimizer=None, activations: int = 0) -> dict:
+    """Bytes of parameters, gradients, optimizer state (and activations you measured), with total."""
+    params = list(model.parameters())
+    out = {
+        "parameters": _bytes(params),
+        "gradients": _bytes(p.grad for p in params),
+        "optimizer_state": _bytes(optimizer_tensors(optimizer)),
+        "activations": int(activations),
+    }
+    out["total"] = sum(out.values())
+    return out
+
+
+class memory_limit:  # noqa: N801 - a context manager used like a function
+    """A device memory budget for ``model`` (+ ``optimizer``) and the activations it saves."""
+
+    def __init__(self, limit, model, optimizer=None, device=None):
+        import torch
+
+        self.limit = parse_bytes(limit)
+        self.model, self.optimizer = model, optimizer
+        p = next(model.parameters(), None)
+        self.device = (
+            torch.device(device)
+            if device is not None
+            else (p.device if p is not None else torch.device("cpu"))
+        )
+        self.live: dict = {}  # storage key -> bytes of saved activations still alive
+        self.peak: dict = {"total": 0}
+        self._hooks = None
+
+    @property
+    def activations(self) -> int:
+        return sum(self.live.values())
+
+    def __enter__(self) -> memory_limit:
+        import torch
+
+        if self.device.type == "cuda":
+            total = torch.cuda.get_device_properties(self.device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, self.limit / total), self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return self
+        self._param_keys = {t.untyped_storage().data_ptr() for t in self.model.parameters()}
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks.__enter__()
+        self.check()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import torch
+
+        if self.device.type == "cuda":
+            self.peak = {"total": torch.cuda.max_memory_allocated(self.device)}
+            torch.cuda.set_per_process_memory_fraction(1.0, self.device)
+        elif self._hooks is not None:
+            self._hooks.__exit__(*exc)
+            self._hooks = None
+
+    def _pack(self, t):
+        key = t.untyped_storage().data_ptr()
+        if key not in self._param_keys and key not in self.live:
+            nbytes = t.untyped_storage().nbytes()
+            self.live[key] = nbytes
+            weakref.finalize(t, self.live.pop, key, None)  # freed after backward: no longer counted
+            self.check(incoming=nbytes)
+        return t
+
+    def check(self, incoming: int = 0) -> dict:
+        """Raise torch.OutOfMemoryError if the tracked tensors exceed the budget; return them."""
+        import torch
+
+        now = breakdown(self.model, self.optimizer, self.activations)
+        if now["total"] > self.peak["total"]:
+            self.peak = now
+        if now["total"] > self.limit:
+            free = max(0, self.limit - (now["total"] - incoming))
+            raise torch.OutOfMemoryError(
+                f"Simulated device out of memory (helpers.memory_limit). Tried to allocate "
+                f"{fmt_bytes(incoming)}. The device budget is {fmt_bytes(self.limit)}, of which "
+                f"{fmt_bytes(free)} was free. In use: parameters {fmt_bytes(now['parameters'])}, "
+                f"gradients {fmt_bytes(now['gradients'])}, optimizer state "
+                f"{fmt_bytes(now['optimizer_state'])}, activations {fmt_bytes(now['activations'])}. "
+                "Use a smaller batch, shard the optimizer state, gradients or parameters over ranks "
+                "(ZeRO / FSDP), or raise the budget."
+            )
+        return now

@@ -1,0 +1,170 @@
+"""One-call plots of the course's measurements. Each returns the matplotlib Axes it drew on.
+
+Times in seconds, sizes in bytes, bandwidth in GB/s (1 GB = 1e9 bytes), as everywhere.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+
+def _axes(ax=None, figsize=(6, 4)):
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=figsize)
+    return ax
+
+
+def speedup(rows: list[dict], time_key: str = "time", group: str | None = "batch_size", ax=None):
+    """Speedup T(1)/T(n) and efficiency vs workers, one line per ``group`` value, ideal dashed.
+
+    ``rows``: dicts with 'world_size' and ``time_key`` (seconds for the same work: strong scaling).
+    """
+    ax = _axes(ax)
+    series = defaultdict(dict)
+    for r in rows:
+        series[r.get(group) if group else None][r["world_size"]] = r[time_key]
+    ns = sorted({r["world_size"] for r in rows})
+    ax.plot(ns, ns, "k--", label="ideal (speedup = n)")
+    for key, times in sorted(series.items(), key=lambda kv: str(kv[0])):
+        base = times.get(1) or times[min(times)] * min(times)
+        xs = sorted(times)
+        sp = [base / times[n] for n in xs]
+        label = f"{group}={key}" if group else "measured"
+        line = ax.plot(xs, sp, "o-", label=label)[0]
+        for n, s in zip(xs, sp, strict=True):
+            ax.annotate(
+                f"{s / n:.0%}",
+                (n, s),
+                textcoords="offset points",
+                xytext=(4, -12),
+                fontsize=8,
+                color=line.get_color(),
+            )
+    ax.set_xlabel("workers (ranks)")
+    ax.set_ylabel("speedup T(1) / T(n)")
+    ax.set_xticks(ns)
+    ax.set_title("Strong scaling (labels: efficiency = speedup / n)")
+    ax.legend(fontsize=8)
+    return ax
+
+
+def comm_bars(rows: list[dict], label: str = "world_size", ax=None):
+    """Stacked bars per ``label``: compute, exposed communication, data (seconds per step)."""
+    ax = _axes(ax)
+    labels = [str(r[label]) for r in rows]
+    bottom = [0.0] * len(rows)
+    for key, name in (
+        ("compute", "compute"),
+        ("exposed_comm_s", "exposed communication"),
+        ("data", "data loading"),
+    ):
+        vals = [r.get(key, 0.0) for r in rows]
+        if any(vals):
+            ax.bar(labels, vals, bottom=bottom, label=name)
+            bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    ax.set_xlabel(label.replace("_", " "))
+    ax.set_ylabel("time per step (s)")
+    ax.set_title("Where a step's time goes")
+    ax.legend(fontsize=8)
+    return ax
+
+
+def busbw(records: list[dict], fits: dict | None = None, ax=None):
+    """Bus bandwidth vs message size (log-log), one line per (op, world size); fitted α-β dashed.
+
+    ``fits``: {(op, world_size): AlphaBeta}. memcpy records are drawn as the one-host limit.
+    """
+    from helpers.bandwidth import bus_factor
+
+    ax = _axes(ax, figsize=(7, 4.5))
+    series = defaultdict(list)
+    for r in records:
+        series[(r["op"], r["world_size"])].append(r)
+    for (op, n), rs in sorted(series.items()):
+        rs = sorted(rs, key=lambda r: r["bytes"])
+        xs = [r["bytes"] for r in rs]
+        style = "k:" if op == "memcpy" else "o-"
+        label = "memcpy (one device)" if op == "memcpy" else f"{op}, n={n}"
+        line = ax.plot(xs, [r["busbw_GBps"] for r in rs], style, label=label, markersize=3)[0]
+        fit = (fits or {}).get((op, n))
+        if fit is not None:
+            model = [s / fit.predict(s) / 1e9 * bus_factor(op, n) for s in xs]
+            ax.plot(xs, model, "--", color=line.get_color(), linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("message size S (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title("Collective bandwidth (dashed: α-β fit)")
+    ax.legend(fontsize=7, ncol=2)
+    return ax
+
+
+def timeline(rows: list[dict], ax=None):
+    """One row per rank, one box per torch.distributed call (rows from helpers.trace.collect)."""
+    import matplotlib.pyplot as plt
+
+    ax = _axes(ax, figsize=(8, 0.6 + 0.5 * len({r["rank"] for r in rows})))
+    ops = sorted({r["op"] for r in rows})
+    colors = dict(zip(ops, plt.cm.tab10.colors, strict=False))
+    for r in rows:
+        width = max(r["end"] - r["start"], 1e-6)
+        ax.broken_barh(
+            [(r["start"], width)],
+            (r["rank"] - 0.4, 0.8),
+            facecolors=colors[r["op"]],
+            edgecolor="k",
+            linewidth=0.3,
+        )
+    ax.set_yticks(sorted({r["rank"] for r in rows}))
+    ax.set_yticklabels([f"rank {k}" for k in sorted({r["rank"] for r in rows})])
+    ax.invert_yaxis()
+    ax.set_xlabel("time since the first call (s)")
+    ax.set_title("torch.distributed calls per rank (a long box = waiting for the others)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colors[o]) for o in ops]
+    ax.legend(handles, ops, fontsize=7, loc="upper right")
+    return ax
+
+
+def heatmap(
+    values,
+    row_labels,
+    col_labels,
+    row_name: str = "depth",
+    col_name: str = "width",
+    value_name: str = "value",
+    ax=None,
+):
+    """A labelled heatmap (e.g. time or quality over depth × width), each cell annotated."""
+    import numpy as np
+
+    ax = _axes(ax)
+    data = np.asarray(values, dtype=float)
+    im = ax.imshow(data, cmap="viridis", aspect="auto")
+    ax.set_xticks(range(len(col_labels)), [str(c) for c in col_labels])
+    ax.set_yticks(range(len(row_labels)), [str(r) for r in row_labels])
+    ax.set_xlabel(col_name)
+    ax.set_ylabel(row_name)
+    for i in range(data.shape[0]):
+        for j in range(data.shape[1]):
+            ax.text(j, i, f"{data[i, j]:.3g}", ha="center", va="center", color="w", fontsize=8)
+    ax.figure.colorbar(im, ax=ax, label=value_name)
+    return ax
+
+
+def predicted_vs_measured(predicted: list[dict], measured: list[dict], key: str = "step", ax=None):
+    """Step time vs world size: the cost model's prediction against the measurement."""
+    ax = _axes(ax)
+    for rows, style, name in (
+        (measured, "o-", "measured"),
+        (predicted, "s--", "predicted (α-β model)"),
+    ):
+        rows = sorted(rows, key=lambda r: r["world_size"])
+        ax.plot([r["world_size"] for r in rows], [r[key] for r in rows], style, label=name)
+    ax.set_xlabel("workers (ranks)")
+    ax.set_ylabel("time per step (s)")
+    ax.set_xticks(sorted({r["world_size"] for r in measured + predicted}))
+    ax.set_title("DDP step time: model vs measurement")
+    ax.legend(fontsize=8)
+    return ax
