@@ -46,7 +46,6 @@ def main() -> None:
         k: fit_alpha_beta([r["bytes"] for r in v], [r["seconds"] for r in v], *k)
         for k, v in groups.items()
     }
-    best_mem = max(m["busbw_GBps"] for m in memcpy)
 
     lines = [
         "| op | n | α (µs) | β (GB/s) | R² (log t) | best busbw (GB/s) | at size |",
@@ -58,10 +57,13 @@ def main() -> None:
             f"| {op} | {n} | {fit.alpha * 1e6:.1f} | {fit.beta_gbps:.3f} | {fit.r2:.3f} | {best['busbw_GBps']:.3f} | {best['bytes']:,} |"
         )
     best_ar = max((r for r in records if r["op"] == "all_reduce"), key=lambda r: r["busbw_GBps"])
+    # Small copies stay in cache and look fast; compare at the size of the best all_reduce.
+    mem = next(m for m in memcpy if m["bytes"] >= best_ar["bytes"])
     summary = (
-        f"memcpy bandwidth (best over sizes): {best_mem:.2f} GB/s; best all_reduce busbw: "
-        f"{best_ar['busbw_GBps']:.3f} GB/s (n={best_ar['world_size']}, {best_ar['bytes']:,} bytes); "
-        f"ratio all_reduce busbw / memcpy = {best_ar['busbw_GBps'] / best_mem:.3f}"
+        f"best all_reduce busbw: {best_ar['busbw_GBps']:.3f} GB/s (n={best_ar['world_size']}, "
+        f"{best_ar['bytes']:,} bytes); memcpy at that size: {mem['busbw_GBps']:.2f} GB/s "
+        f"(best over sizes {max(m['busbw_GBps'] for m in memcpy):.2f}); "
+        f"ratio all_reduce busbw / memcpy = {best_ar['busbw_GBps'] / mem['busbw_GBps']:.3f}"
     )
     text = (
         "\n".join(lines) + "\n\n" + summary + f"\n\nwall time {time.perf_counter() - start:.0f} s\n"
