@@ -19,12 +19,47 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--profile", default="quick", choices=("quick", "full"))
     r.add_argument("--out", default=None, help="output folder (default: build/)")
 
+    rel = sub.add_parser("release", help="write the student labs/ from solutions/")
+    rel.add_argument("--solutions", default=None, help="source folder (default: solutions/)")
+    rel.add_argument("--labs", default=None, help="output folder (default: labs/)")
+
+    g = sub.add_parser("grade", help="grade a folder of submissions into a gradebook and feedback")
+    g.add_argument("lab", help="the solution notebook (or its name in solutions/, e.g. lab01)")
+    g.add_argument("submissions", help="folder: one notebook (or one folder) per student")
+    g.add_argument("-j", "--jobs", type=int, default=1, help="submissions graded at once")
+    g.add_argument("--out", default=None, help="output folder (default: build/grades/<lab>)")
+    g.add_argument("--profile", default="quick", choices=("quick", "full"))
+    g.add_argument("--cell-timeout", type=float, default=120.0, help="seconds per cell")
+    g.add_argument("--budget", type=float, default=600.0, help="seconds per submission")
+    g.add_argument("--memory", default="4GiB", help="memory per submission, e.g. 4GiB")
+    g.add_argument(
+        "--isolation",
+        default="auto",
+        choices=("auto", "basic"),
+        help="auto: the strongest this machine allows; basic: limits only",
+    )
+
     args = parser.parse_args(argv)
     if args.command == "kernel":
         from course.kernel import install_kernel
 
         install_kernel(user=args.user, quiet=args.quiet)
         return 0
+    if args.command == "release":
+        from course.cells import FormatError
+        from course.release import release_all
+        from course.syllabus import REPO
+
+        try:
+            written = release_all(args.solutions or REPO / "solutions", args.labs or REPO / "labs")
+        except FormatError as exc:
+            print(f"course release: {exc}", file=sys.stderr)
+            return 2
+        for path in written:
+            print(f"released {path}")
+        return 0
+    if args.command == "grade":
+        return _grade(args)
     if args.command == "run":
         from course.run import REPO, run_notebooks, summary
 
@@ -33,6 +68,51 @@ def main(argv: list[str] | None = None) -> int:
         print(f"index: {(args.out or REPO / 'build')}/index.html", file=sys.stderr)
         return 0 if all(r.ok for r in results) else 1
     return 2
+
+
+def _grade(args) -> int:
+    from pathlib import Path
+
+    from course.grade import Limits, grade, summary
+    from course.syllabus import REPO, load_syllabus
+    from helpers.memory import parse_bytes
+
+    lab = Path(args.lab)
+    if not lab.exists():
+        found = sorted((REPO / "solutions").rglob(f"{args.lab}*.ipynb"))
+        if len(found) != 1:
+            print(
+                f"course grade: {args.lab} names no single notebook in solutions/", file=sys.stderr
+            )
+            return 2
+        lab = found[0]
+    if not Path(args.submissions).is_dir():
+        print(f"course grade: {args.submissions} is not a folder of submissions", file=sys.stderr)
+        return 2
+    parameters = {}
+    for entry in load_syllabus():
+        if entry.path == lab.resolve():
+            parameters = entry.parameters(args.profile)
+    limits = Limits(
+        cell_timeout=args.cell_timeout, budget=args.budget, memory=parse_bytes(args.memory)
+    )
+    out = Path(args.out) if args.out else REPO / "build" / "grades" / lab.stem
+    try:
+        results = grade(
+            lab,
+            args.submissions,
+            out,
+            jobs=args.jobs,
+            limits=limits,
+            parameters=parameters,
+            isolation=args.isolation,
+        )
+    except KeyboardInterrupt:
+        print(f"interrupted: finished grades kept in {out}/gradebook.csv", file=sys.stderr)
+        return 130
+    print(summary(results))
+    print(f"gradebook: {out}/gradebook.csv, feedback: {out}/feedback/")
+    return 0
 
 
 if __name__ == "__main__":

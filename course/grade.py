@@ -1,0 +1,682 @@
+"""`course grade LAB SUBMISSIONS [-j N]`: grade every submission, in parallel, in isolation.
+
+For each submission (a notebook file, or a folder holding one):
+  assemble   the graded notebook from the source: cells matched by grade_id, so inserted, moved
+             or split cells do not matter; tests (with their hidden part) and locked cells come
+             from the source, edited or deleted ones are restored and flagged;
+  run        it in course.sandbox under the strongest isolation this machine allows (own uid,
+             no network, hidden files, cgroup limits, rlimits), every cell even after failures,
+             a per-cell timeout and a wall-clock budget, then kill everything it started;
+  score      each test cell: full points when it runs to its end, a number it returns is partial
+             credit (capped), stderr never costs points; markdown answers wait for a human.
+The gradebook (gradebook.csv) is rewritten atomically after every submission, so Ctrl-C keeps
+every finished grade; a re-run skips submissions already graded and unchanged.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import html
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+import psutil
+
+from course import cells
+from course.release import student_version
+
+VERSION = "1"  # part of the resume key: bump when scoring changes
+UID_BASE = 40000  # grading slot k runs as uid UID_BASE + k when the grader is root
+
+
+@dataclass
+class Limits:
+    cell_timeout: float = 120.0
+    budget: float = 600.0  # wall-clock seconds per submission
+    memory: int = 4 * 2**30  # bytes, the whole submission (kernel, ranks, children)
+    processes: int = 128
+    file_size: int = 100 * 2**20
+
+
+@dataclass
+class Question:
+    grade_id: str
+    points: float
+    manual: bool  # a markdown answer: graded by a person
+
+
+@dataclass
+class Result:
+    student: str
+    status: str  # graded | invalid | timeout | memory | processes | error
+    reason: str = ""
+    scores: dict = field(default_factory=dict)  # grade_id -> points (None: manual)
+    errors: dict = field(default_factory=dict)  # grade_id -> error text
+    flags: list = field(default_factory=list)
+    isolation: list = field(default_factory=list)
+    seconds: float = 0.0
+    key: str = ""
+
+    @property
+    def total(self) -> float:
+        return round(sum(v for v in self.scores.values() if v is not None), 4)
+
+
+# -- assembling the graded notebook ------------------------------------------------------------
+
+
+def questions(source) -> list[Question]:
+    return [
+        Question(cells.grade_id(c), float(cells.info(c)["points"]), c.cell_type == "markdown")
+        for c in source.cells
+        if cells.is_graded(c)
+    ]
+
+
+def load_submission(path: Path):
+    """(notebook, None) or (None, reason) for anything that is not a readable notebook."""
+    if path.is_dir():
+        found = sorted(p for p in path.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+        if not found:
+            return None, "no .ipynb file in the submission folder"
+        path = found[0]
+    if path.suffix != ".ipynb":
+        return None, f"not a notebook ({path.name})"
+    raw = path.read_bytes()
+    if not raw.strip():
+        return None, "empty file"
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return None, f"not valid JSON ({str(exc)[:80]})"
+    if not isinstance(data, dict) or "cells" not in data and "worksheets" not in data:
+        return None, "JSON, but not a notebook (no cells)"
+    try:
+        nb = nbformat.reads(raw.decode("utf-8"), as_version=4)
+    except Exception as exc:
+        return None, f"unreadable notebook format ({type(exc).__name__}: {str(exc)[:80]})"
+    return nb, None
+
+
+def assemble(source, submission, parameters: dict | None = None):
+    """The notebook to run: the student's answers in the source's frame. Returns (nb, flags)."""
+    released = {cells.grade_id(c): c for c in student_version(source).cells if cells.grade_id(c)}
+    by_gid = {cells.grade_id(c): c for c in source.cells if cells.grade_id(c)}
+    flags, used, out = [], set(), []
+    for cell in submission.cells:
+        gid = cells.grade_id(cell)
+        if gid in used:
+            flags.append(
+                f"grade_id {gid!r} appears more than once: the copy was run as an ordinary cell"
+            )
+            gid = None
+        src = by_gid.get(gid)
+        if src is None:  # a cell the student added (or split off): run it as it is
+            new = nbformat.from_dict(cell)
+            new.metadata.pop("nbgrader", None)
+            out.append(new)
+            continue
+        used.add(gid)
+        if (
+            cells.info(src).get("solution")
+            and not cells.is_locked(src)
+            or (cells.info(src).get("solution") and src.cell_type == "markdown")
+        ):
+            new = nbformat.from_dict(cell)
+            new.cell_type = src.cell_type if cell.cell_type == src.cell_type else cell.cell_type
+            new.metadata["nbgrader"] = dict(cells.info(src))
+            out.append(new)
+        else:
+            if cell.cell_type != src.cell_type or cells.checksum(cell) != cells.checksum(
+                released[gid]
+            ):
+                flags.append(f"locked cell {gid!r} was edited: restored from the source")
+            out.append(nbformat.from_dict(src))
+    # Cells of the source the student deleted: put them back after their predecessor.
+    for i, src in enumerate(source.cells):
+        gid = cells.grade_id(src)
+        if gid is None or gid in used:
+            continue
+        prev = next(
+            (cells.grade_id(c) for c in reversed(source.cells[:i]) if cells.grade_id(c) in used),
+            None,
+        )
+        at = next((k + 1 for k, c in enumerate(out) if prev and cells.grade_id(c) == prev), 0)
+        if cells.info(src).get("solution") and not cells.is_graded(src):
+            flags.append(f"answer cell {gid!r} is missing: graded as unanswered")
+            out.insert(at, nbformat.from_dict(released[gid]))
+        else:
+            flags.append(f"cell {gid!r} was deleted: restored from the source")
+            out.insert(at, nbformat.from_dict(src))
+        used.add(gid)
+    nb = nbformat.v4.new_notebook(cells=out, metadata=source.metadata)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+            if cells.is_graded(cell):
+                cell.metadata["grader_test"] = True
+    if parameters:
+        tagged = next(
+            (k for k, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", [])), -1
+        )
+        code = "# Parameters (grading profile)\n" + "\n".join(
+            f"{k} = {v!r}" for k, v in parameters.items()
+        )
+        nb.cells.insert(
+            tagged + 1, nbformat.v4.new_code_cell(code, metadata={"tags": ["injected-parameters"]})
+        )
+    return nb, flags
+
+
+# -- isolation --------------------------------------------------------------------------------
+
+
+def _probe(cmd: list[str]) -> bool:
+    try:
+        return subprocess.run(cmd, capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+class Isolation:
+    """What this machine allows, probed once: uid switching, namespaces, cgroups."""
+
+    def __init__(self, mode: str = "auto"):
+        self.root = os.geteuid() == 0 and mode == "auto"
+        self.namespaces = (
+            self.root
+            and shutil.which("unshare") is not None
+            and _probe(["unshare", "--net", "--mount", "--fork", "true"])
+        )
+        # The kernel's interpreter must be usable by an unprivileged uid (not under /root).
+        self.uid = self.root and _probe(
+            [
+                sys.executable,
+                "-c",
+                f"import os; os.setgid({UID_BASE}); os.setuid({UID_BASE}); import course, helpers, ipykernel",
+            ]
+        )
+        self.cgroup_root = _cgroup_root() if self.root else None
+
+    def describe(self) -> list[str]:
+        out = [
+            "resource limits: CPU time, file size" + (", processes (per uid)" if self.uid else "")
+        ]
+        out.append(
+            "own unprivileged uid"
+            if self.uid
+            else "same user as the grader (not root, or the venv is unreadable)"
+        )
+        if not self.namespaces:
+            out.append(
+                "no network namespace: the submission shares the network; solutions readable from disk"
+            )
+        out.append(
+            f"cgroup limits: {self.cgroup_root}"
+            if self.cgroup_root
+            else "no cgroup: memory and processes watched by polling"
+        )
+        return out
+
+
+def _cgroup_root() -> str | None:
+    if Path("/sys/fs/cgroup/cgroup.controllers").exists():
+        base = "/sys/fs/cgroup"
+    elif Path("/sys/fs/cgroup/pids").is_dir():
+        base = "/sys/fs/cgroup/{controller}"
+    else:
+        return None
+    probe = Path(base.format(controller="pids")) / f"course-probe-{os.getpid()}"
+    try:
+        probe.mkdir()
+        probe.rmdir()
+        return base
+    except OSError:
+        return None
+
+
+class Group:
+    """The submission's processes: a cgroup when possible, plus uid and marker scans."""
+
+    def __init__(self, iso: Isolation, marker: str, uid: int | None, limits: Limits):
+        self.marker, self.uid, self.dirs = marker, uid, []
+        if iso.cgroup_root:
+            v2 = "{controller}" not in iso.cgroup_root
+            for controller, files in (
+                (
+                    "memory",
+                    {"memory.max" if v2 else "memory.limit_in_bytes": int(limits.memory * 1.25)},
+                ),
+                ("pids", {"pids.max": limits.processes}),
+            ):
+                d = Path(iso.cgroup_root.format(controller=controller)) / f"course-grade-{marker}"
+                if v2 and self.dirs:
+                    d = self.dirs[0]
+                try:
+                    d.mkdir(exist_ok=True)
+                    for name, value in files.items():
+                        (d / name).write_text(str(value))
+                    if d not in self.dirs:
+                        self.dirs.append(d)
+                except OSError:
+                    pass
+
+    def add(self, pid: int) -> None:
+        for d in self.dirs:
+            try:
+                (d / "cgroup.procs").write_text(str(pid))
+            except OSError:
+                pass
+
+    def processes(self) -> list[psutil.Process]:
+        pids = set()
+        for d in self.dirs:
+            try:
+                pids.update(int(x) for x in (d / "cgroup.procs").read_text().split())
+            except OSError:
+                pass
+        for p in psutil.process_iter(["uids", "environ"]):
+            try:
+                if self.uid is not None and p.info["uids"] and p.info["uids"].real == self.uid:
+                    pids.add(p.pid)
+                elif (p.info["environ"] or {}).get("COURSE_GRADE_JOB") == self.marker:
+                    pids.add(p.pid)
+            except (psutil.Error, TypeError):
+                pass
+        pids.discard(os.getpid())
+        return [psutil.Process(p) for p in pids if psutil.pid_exists(p)]
+
+    def kill(self, extra: list[psutil.Process] = ()) -> None:
+        """SIGKILL everything until nothing is left (a fork storm respawns for a while)."""
+        for _ in range(50):
+            procs = self.processes() + [p for p in extra if p.is_running()]
+            if not procs:
+                break
+            for p in procs:
+                try:
+                    p.send_signal(signal.SIGKILL)
+                except psutil.Error:
+                    pass
+            psutil.wait_procs(procs, timeout=0.2)
+        for d in self.dirs:
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+
+
+# -- one submission -----------------------------------------------------------------------------
+
+
+def _usage(procs) -> tuple[int, int]:
+    rss = 0
+    for p in procs:
+        try:
+            rss += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return rss, len(procs)
+
+
+def grade_one(
+    path: Path,
+    source,
+    qs: list[Question],
+    work: Path,
+    limits: Limits,
+    iso: Isolation,
+    slot: int,
+    parameters: dict,
+    hide: list[str],
+    stop: threading.Event,
+) -> Result:
+    student = path.stem if path.is_file() else path.name
+    start = time.monotonic()
+    nb, reason = load_submission(path)
+    if nb is None:
+        return Result(
+            student, "invalid", reason, {q.grade_id: (None if q.manual else 0.0) for q in qs}
+        )
+    graded_nb, flags = assemble(source, nb, parameters)
+    marker = uuid.uuid4().hex
+    uid = UID_BASE + slot if iso.uid else None
+    private = Path(tempfile.mkdtemp(prefix="job-", dir=work))
+    workdir = Path(tempfile.mkdtemp(prefix=f"grade-{student[:20]}-"))
+    if uid is not None:
+        os.chown(workdir, uid, uid)
+    rlimits = {"RLIMIT_CPU": int(limits.budget) + 5, "RLIMIT_FSIZE": limits.file_size}
+    if uid is not None:
+        rlimits["RLIMIT_NPROC"] = limits.processes
+    env = {
+        "HOME": str(workdir),
+        "USER": "student",
+        "LOGNAME": "student",
+        "MPLBACKEND": "Agg",
+        "HELPERS_LAUNCH_TIMEOUT": str(int(limits.cell_timeout)),
+        "COURSE_GRADE_JOB": marker,
+    }
+    job = {
+        "notebook": graded_nb,
+        "cell_timeout": limits.cell_timeout,
+        "workdir": str(workdir),
+        "limits": {"uid": uid, "rlimits": rlimits, "env": env},
+        "netns": iso.namespaces,
+        "hide": hide if iso.namespaces else [],
+        "isolation": iso.describe(),
+    }
+    (private / "job.json").write_text(json.dumps(job))
+    os.chmod(private, 0o700)
+    read_fd, write_fd = os.pipe()
+    prefix = ["unshare", "--net", "--mount", "--fork", "--"] if iso.namespaces else []
+    group = Group(iso, marker, uid, limits)
+    runner = subprocess.Popen(
+        prefix + [sys.executable, "-m", "course.sandbox", str(private / "job.json"), str(write_fd)],
+        pass_fds=(write_fd,),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=open(private / "runner.log", "wb"),
+        start_new_session=True,
+        env={**os.environ, "COURSE_GRADE_JOB": marker},
+    )
+    os.close(write_fd)
+    group.add(runner.pid)
+    result = Result(student, "graded", flags=flags)
+    lines = _Reader(read_fd)
+    status, reason, notebook = "graded", "", None
+    deadline = start + limits.budget
+    try:
+        while True:
+            msg = lines.next(timeout=0.25)
+            if msg is not None:
+                if "isolation" in msg:
+                    result.isolation = msg["isolation"]
+                elif "grade_id" in msg:
+                    q = next((q for q in qs if q.grade_id == msg["grade_id"]), None)
+                    if q is not None:
+                        value = q.points if msg["passed"] else 0.0
+                        if msg["passed"] and msg["value"] is not None:
+                            value = max(0.0, min(q.points, msg["value"]))
+                        result.scores[q.grade_id] = value
+                        if msg["error"]:
+                            result.errors[q.grade_id] = msg["error"]
+                elif "notebook" in msg:
+                    notebook = msg["notebook"]
+                    if msg.get("dead"):
+                        reason = msg["dead"]
+                elif "fatal" in msg:
+                    status, reason = "error", msg["fatal"]
+                continue
+            if lines.eof and runner.poll() is not None:
+                break
+            if stop.is_set():
+                status, reason = "interrupted", "grading was interrupted"
+                break
+            if time.monotonic() > deadline:
+                status, reason = (
+                    "timeout",
+                    f"over the {limits.budget:g} s budget: stopped, later tests score 0",
+                )
+                break
+            rss, count = _usage(group.processes() or [psutil.Process(runner.pid)])
+            if rss > limits.memory:
+                status, reason = (
+                    "memory",
+                    f"used {rss / 2**30:.1f} GiB, over the {limits.memory / 2**30:.1f} GiB limit",
+                )
+                break
+            if count > limits.processes:
+                status, reason = (
+                    "processes",
+                    f"started {count} processes, over the limit of {limits.processes}",
+                )
+                break
+    finally:
+        group.kill([psutil.Process(runner.pid)] if runner.poll() is None else [])
+        runner.wait()
+        lines.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+    if notebook is None and status == "graded":
+        status, reason = "error", reason or "the run ended without a result (see runner.log)"
+    for q in qs:
+        result.scores.setdefault(q.grade_id, None if q.manual else 0.0)
+    result.status, result.reason, result.seconds = status, reason, time.monotonic() - start
+    if notebook is not None:
+        nbformat.write(nbformat.from_dict(notebook), private / "executed.ipynb")
+    result.executed = private / "executed.ipynb" if notebook is not None else None
+    return result
+
+
+class _Reader:
+    """JSON lines from the runner's result pipe, read without blocking past a timeout."""
+
+    def __init__(self, fd: int):
+        self.fd, self.buf, self.eof = fd, b"", False
+
+    def next(self, timeout: float):
+        import select
+
+        while b"\n" not in self.buf and not self.eof:
+            ready, _, _ = select.select([self.fd], [], [], timeout)
+            if not ready:
+                return None
+            chunk = os.read(self.fd, 1 << 20)
+            if not chunk:
+                self.eof = True
+            self.buf += chunk
+        if b"\n" in self.buf:
+            line, self.buf = self.buf.split(b"\n", 1)
+            try:
+                return json.loads(line)
+            except ValueError:
+                return None
+        return None
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+# -- the batch ----------------------------------------------------------------------------------
+
+
+def submission_key(path: Path, source_bytes: bytes, parameters: dict, limits: Limits) -> str:
+    h = hashlib.sha256(
+        VERSION.encode() + source_bytes + json.dumps(parameters, sort_keys=True).encode()
+    )
+    h.update(json.dumps(limits.__dict__, sort_keys=True).encode())
+    files = sorted(path.rglob("*")) if path.is_dir() else [path]
+    for f in files:
+        if f.is_file():
+            h.update(
+                str(f.relative_to(path) if path.is_dir() else f.name).encode() + f.read_bytes()
+            )
+    return h.hexdigest()
+
+
+def write_gradebook(results: dict[str, Result], qs: list[Question], out: Path) -> Path:
+    """gradebook.csv, replaced atomically (a reader never sees half a file)."""
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(
+        [
+            "student",
+            *[f"{q.grade_id} ({q.points:g})" for q in qs],
+            "total",
+            "max",
+            "status",
+            "reason",
+        ]
+    )
+    auto_max = sum(q.points for q in qs if not q.manual)
+    for name in sorted(results):
+        r = results[name]
+        row = [
+            "manual"
+            if r.scores.get(q.grade_id) is None and q.manual
+            else r.scores.get(q.grade_id, 0)
+            for q in qs
+        ]
+        w.writerow([name, *row, r.total, auto_max, r.status, r.reason])
+    path = out / "gradebook.csv"
+    tmp = out / ".gradebook.csv.tmp"
+    tmp.write_text(buf.getvalue())
+    os.replace(tmp, path)
+    return path
+
+
+def write_feedback(r: Result, qs: list[Question], out: Path) -> Path:
+    rows = "".join(
+        f"<tr><td>{q.grade_id}</td><td>{'manual' if r.scores.get(q.grade_id) is None else r.scores[q.grade_id]}"
+        f"</td><td>{q.points:g}</td><td>{html.escape(r.errors.get(q.grade_id, ''))}</td></tr>"
+        for q in qs
+    )
+    parts = [
+        f"<!doctype html><meta charset='utf-8'><title>Feedback: {html.escape(r.student)}</title>",
+        f"<h1>{html.escape(r.student)}: {r.total:g} points</h1>",
+        f"<p>Status: <b>{r.status}</b> {html.escape(r.reason)}</p>",
+        "<table border=1 cellpadding=4><tr><th>question</th><th>points</th><th>of</th><th>error</th></tr>",
+        rows,
+        "</table>",
+    ]
+    if r.flags:
+        parts.append(
+            "<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(f)}</li>" for f in r.flags) + "</ul>"
+        )
+    parts.append(
+        "<h2>Isolation</h2><ul>"
+        + "".join(f"<li>{html.escape(f)}</li>" for f in r.isolation)
+        + "</ul>"
+    )
+    executed = getattr(r, "executed", None)
+    if executed and Path(executed).exists():
+        from nbconvert import HTMLExporter
+
+        body, _ = HTMLExporter(template_name="basic").from_notebook_node(
+            nbformat.read(executed, as_version=4)
+        )
+        parts.append("<h2>Your notebook, as graded</h2>" + body)
+    path = out / "feedback" / f"{r.student}.html"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(parts), encoding="utf-8")
+    return path
+
+
+def grade(
+    lab,
+    submissions,
+    out,
+    jobs: int = 1,
+    limits: Limits | None = None,
+    parameters: dict | None = None,
+    isolation: str = "auto",
+    progress: bool = True,
+    hide: list[str] | None = None,
+) -> dict[str, Result]:
+    """Grade every entry of ``submissions`` against the solution notebook ``lab``."""
+    from tqdm.auto import tqdm
+
+    limits = limits or Limits()
+    parameters = parameters or {}
+    lab, submissions, out = Path(lab).resolve(), Path(submissions).resolve(), Path(out).resolve()
+    source_bytes = lab.read_bytes()
+    source = nbformat.reads(source_bytes.decode(), as_version=4)
+    cells.validate(source)
+    qs = questions(source)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results").mkdir(exist_ok=True)
+    work = out / ".work"
+    work.mkdir(exist_ok=True)
+    os.chmod(work, 0o700)
+    iso = Isolation(isolation)
+    # Hide the source, the other submissions and the grader's files, never the course itself.
+    keep = [Path(__file__).resolve().parent.parent, Path(sys.prefix).resolve()]
+    hide = [
+        str(p)
+        for p in map(Path, hide or [lab.parent, submissions, out])
+        if not any(k == p or p in k.parents for k in keep)
+    ]
+
+    entries = sorted(p for p in submissions.iterdir() if not p.name.startswith("."))
+    results: dict[str, Result] = {}
+    todo = []
+    for path in entries:
+        name = path.stem if path.is_file() else path.name
+        key = submission_key(path, source_bytes, parameters, limits)
+        saved = out / "results" / f"{name}.json"
+        if saved.exists():
+            data = json.loads(saved.read_text())
+            if data.get("key") == key:
+                results[name] = Result(**data)
+                continue
+        todo.append((path, key))
+
+    stop = threading.Event()
+    slots = list(range(max(1, jobs)))
+    slot_lock = threading.Lock()
+
+    def task(path, key):
+        with slot_lock:
+            slot = slots.pop()
+        try:
+            r = grade_one(path, source, qs, work, limits, iso, slot, parameters, hide, stop)
+        except Exception as exc:  # the grader's own bug must not sink the batch either
+            r = Result(
+                path.stem if path.is_file() else path.name,
+                "error",
+                f"grader error: {type(exc).__name__}: {exc}",
+                {q.grade_id: (None if q.manual else 0.0) for q in qs},
+            )
+        finally:
+            with slot_lock:
+                slots.append(slot)
+        r.key = key
+        return r
+
+    bar = tqdm(total=len(todo), desc=f"grading {lab.stem}", unit="sub", disable=not progress)
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+    futures = [pool.submit(task, p, k) for p, k in todo]
+    try:
+        for fut in as_completed(futures):
+            r = fut.result()
+            if r.status != "interrupted":
+                write_feedback(r, qs, out)
+                saved = {k: v for k, v in r.__dict__.items() if k != "executed"}
+                (out / "results" / f"{r.student}.json").write_text(json.dumps(saved))
+                results[r.student] = r
+                write_gradebook(results, qs, out)
+            bar.update(1)
+    except KeyboardInterrupt:
+        stop.set()
+        pool.shutdown(wait=True, cancel_futures=True)
+        write_gradebook(results, qs, out)
+        raise
+    finally:
+        pool.shutdown(wait=True)
+        bar.close()
+    write_gradebook(results, qs, out)
+    return results
+
+
+def summary(results: dict[str, Result]) -> str:
+    if not results:
+        return "no submissions"
+    totals = [r.total for r in results.values()]
+    reasons = Counter(r.status for r in results.values() if r.status != "graded")
+    text = f"{len(results)} submissions, mean {sum(totals) / len(totals):.2f} points"
+    if reasons:
+        text += "; not fully run: " + ", ".join(f"{k} {v}" for k, v in reasons.most_common())
+    return text

@@ -1,0 +1,225 @@
+"""Run one submission's notebook in isolation and stream its test results to the grader.
+
+Started by course.grade as ``[unshare --net --mount --fork --] python -m course.sandbox JOB FD``.
+This process stays root where the grader is root; it
+  1. reads the job (the notebook with its hidden tests) while it can,
+  2. brings loopback up in its new network namespace (no network, ports of its own),
+  3. hides the solutions, the other submissions and the grader's files under empty tmpfs mounts,
+  4. makes itself non-dumpable (the submission cannot read the secrets in its memory),
+  5. starts the kernel through course._kernel_shim, which applies the resource limits and drops
+     to the job's unprivileged uid before Python starts the kernel,
+  6. runs every cell (a failing cell does not stop the run) and, after each test cell, writes one
+     JSON line to FD: passed, partial value, error. The last line carries the executed notebook.
+A test cell passes when it ends by printing a secret drawn here for that cell: a cell that
+raises never reaches the print, and a submission cannot print it in advance, or fake success.
+"""
+
+from __future__ import annotations
+
+import ast
+import ctypes
+import fcntl
+import json
+import os
+import secrets
+import socket
+import struct
+import sys
+import tempfile
+from pathlib import Path
+
+OUTPUT_LIMIT = 100_000  # bytes of output kept per cell; the rest is dropped with a note
+
+
+def loopback_up() -> bool:
+    """SIOCSIFFLAGS lo up, as `ip link set lo up` does (a new network namespace starts with it down)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            ifreq = struct.pack(
+                "16sH14s", b"lo", 0x1 | 0x8 | 0x40, b"\x00" * 14
+            )  # UP | LOOPBACK | RUNNING
+            fcntl.ioctl(s, 0x8914, ifreq)  # SIOCSIFFLAGS
+        return True
+    except OSError:
+        return False
+
+
+def hide(paths: list[str]) -> list[str]:
+    """Mount an empty read-only tmpfs over each path (only inside this mount namespace)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    hidden = []
+    for p in paths:
+        if (
+            os.path.isdir(p) and libc.mount(b"tmpfs", p.encode(), b"tmpfs", 1, b"size=1k") == 0
+        ):  # MS_RDONLY
+            hidden.append(p)
+    return hidden
+
+
+def not_dumpable() -> None:
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no ptrace, no /proc/pid/mem
+
+
+def instrument(source: str, nonce: str) -> str:
+    """The test cell followed by printing ``nonce`` and the cell's last value (partial credit)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:  # IPython syntax (magics): no partial credit, still the nonce
+        return f"{source}\nprint({nonce!r}, None)"
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        tree.body[-1] = ast.Assign(
+            targets=[ast.Name("_grader_value", ast.Store())], value=tree.body[-1].value, lineno=0
+        )
+        ast.fix_missing_locations(tree)
+        body = ast.unparse(tree)
+        return f"{body}\nprint({nonce!r}, repr(_grader_value) if isinstance(_grader_value, (int, float)) else None)"
+    return f"{source}\nprint({nonce!r}, None)"
+
+
+def cell_result(cell, nonce: str) -> dict:
+    """passed / value / error from a test cell's outputs, and the nonce line removed from them."""
+    passed, value, error = False, None, None
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "error":
+            error = f"{out.get('ename')}: {out.get('evalue')}"
+        if out.get("output_type") == "stream" and nonce in out.get("text", ""):
+            lines = out["text"].splitlines(keepends=True)
+            for line in lines:
+                if line.startswith(nonce):
+                    passed = True
+                    raw = line[len(nonce) :].strip()
+                    try:
+                        value = float(ast.literal_eval(raw)) if raw not in ("", "None") else None
+                    except (ValueError, SyntaxError):
+                        value = None
+            out["text"] = "".join(line for line in lines if not line.startswith(nonce))
+    return {"passed": passed and error is None, "value": value, "error": error}
+
+
+def kernelspec_dir(job: dict) -> str:
+    """A private kernelspec 'graded' whose argv goes through the shim (limits, uid)."""
+    root = tempfile.mkdtemp(prefix="graded-kernels-")
+    spec = Path(root, "kernels", "graded")
+    spec.mkdir(parents=True)
+    argv = [
+        sys.executable,
+        "-m",
+        "course._kernel_shim",
+        json.dumps(job["limits"]),
+        "-f",
+        "{connection_file}",
+    ]
+    (spec / "kernel.json").write_text(
+        json.dumps({"argv": argv, "display_name": "graded", "language": "python"})
+    )
+    return root
+
+
+def run(job: dict, emit) -> None:
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
+
+    class Client(NotebookClient):
+        def output(self, outs, msg, display_id, cell_index):
+            size = sum(len(json.dumps(o)) for o in outs)
+            if size > OUTPUT_LIMIT:
+                if not any(o.get("name") == "grader" for o in outs):
+                    outs.append(
+                        nbformat.v4.new_output(
+                            "stream", name="stdout", text="[grader] output truncated\n"
+                        )
+                    )
+                    outs[-1]["name"] = "grader"
+                return None
+            return super().output(outs, msg, display_id, cell_index)
+
+    nb = nbformat.from_dict(job["notebook"])
+    nonces = {}
+    for cell in nb.cells:
+        if cell.get("metadata", {}).get("grader_test"):
+            nonces[id(cell)] = secrets.token_hex(16)
+            cell["metadata"]["grader_source"] = cell.source
+            cell.source = instrument(cell.source, nonces[id(cell)])
+    os.environ["JUPYTER_PATH"] = kernelspec_dir(job)
+    workdir = job["workdir"]
+    # The connection file must be readable by the kernel's uid: keep it in the work folder.
+    os.environ["JUPYTER_RUNTIME_DIR"] = workdir
+    client = Client(
+        nb,
+        kernel_name="graded",
+        timeout=job["cell_timeout"],
+        allow_errors=True,
+        interrupt_on_timeout=True,
+        resources={"metadata": {"path": workdir}},
+    )
+    dead = None
+    with client.setup_kernel(cwd=workdir):
+        for index, cell in enumerate(nb.cells):
+            if cell.cell_type != "code":
+                continue
+            if dead is None:
+                try:
+                    client.execute_cell(cell, index)
+                except CellTimeoutError:
+                    cell.outputs.append(
+                        nbformat.v4.new_output(
+                            "error",
+                            ename="TimeoutError",
+                            evalue=f"cell took over {job['cell_timeout']} s",
+                            traceback=[],
+                        )
+                    )
+                except DeadKernelError as exc:
+                    dead = f"the kernel died ({exc})"
+            if id(cell) in nonces:
+                result = (
+                    cell_result(cell, nonces[id(cell)])
+                    if dead is None
+                    else {"passed": False, "value": None, "error": dead}
+                )
+                if dead is not None and not cell.outputs:
+                    cell.outputs = [
+                        nbformat.v4.new_output(
+                            "error", ename="KernelDied", evalue=dead, traceback=[]
+                        )
+                    ]
+                cell.source = cell.metadata.pop("grader_source")
+                emit({"grade_id": cell.metadata["nbgrader"]["grade_id"], **result})
+    for cell in nb.cells:
+        if "grader_source" in cell.get("metadata", {}):
+            cell.source = cell.metadata.pop("grader_source")
+    emit({"notebook": nb, "dead": dead})
+
+
+def main() -> None:
+    job_path, fd = sys.argv[1], int(sys.argv[2])
+    job = json.loads(Path(job_path).read_text())
+    out = os.fdopen(fd, "w", buffering=1)
+
+    def emit(obj):
+        out.write(json.dumps(obj) + "\n")
+
+    applied = list(job.get("isolation", []))
+    if job.get("netns"):
+        applied.append(
+            "network: private namespace, loopback only"
+            if loopback_up()
+            else "network: private namespace, loopback DOWN"
+        )
+    if job.get("hide"):
+        hidden = hide(job["hide"])
+        applied.append(
+            f"hidden from the submission: {', '.join(hidden)}" if hidden else "hiding failed"
+        )
+    not_dumpable()
+    emit({"isolation": applied})
+    sys.stdout = sys.stderr  # nothing may write into the result channel but emit()
+    try:
+        run(job, emit)
+    except Exception as exc:  # the kernel could not start, etc.: a grade with a reason, not a crash
+        emit({"fatal": f"{type(exc).__name__}: {exc}"})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""`course release`: the student version of a solution notebook, and the errors of bad authoring."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from course import cells
+from course.kernel import KERNELSPEC
+from course.release import release, student_version
+
+
+def nbg(gid, **kw):
+    return {
+        "nbgrader": {
+            "grade_id": gid,
+            "schema_version": 3,
+            "grade": False,
+            "solution": False,
+            "locked": False,
+            **kw,
+        }
+    }
+
+
+def solution_notebook():
+    return new_notebook(
+        metadata={"kernelspec": KERNELSPEC},
+        cells=[
+            new_markdown_cell("# Lab", metadata=nbg("intro", locked=True)),
+            new_code_cell("world_size = 2", metadata={"tags": ["parameters"]}),
+            new_code_cell(
+                "def shard(n, rank, size):\n    ### BEGIN SOLUTION\n    return list(range(rank, n, size))\n"
+                "    ### END SOLUTION",
+                metadata=nbg("shard", solution=True),
+                execution_count=3,
+                outputs=[nbformat.v4.new_output("stream", text="x\n")],
+            ),
+            new_code_cell(
+                "assert shard(4, 0, 2) == [0, 2]\n### BEGIN HIDDEN TESTS\nassert shard(5, 1, 2) == [1, 3]\n"
+                "### END HIDDEN TESTS",
+                metadata=nbg("test_shard", grade=True, points=2),
+            ),
+            new_markdown_cell(
+                "It scales because...", metadata=nbg("why", solution=True, grade=True, points=1)
+            ),
+        ],
+    )
+
+
+def test_student_version_stubs_solutions_hides_tests_clears_outputs_and_locks():
+    student = student_version(solution_notebook())
+    code = student.cells[2]
+    assert (
+        code.source
+        == 'def shard(n, rank, size):\n    raise NotImplementedError("shard: replace this line with your solution")'
+    )
+    assert code.outputs == [] and code.execution_count is None
+    assert student.cells[3].source == "assert shard(4, 0, 2) == [0, 2]"
+    assert student.cells[4].source == "YOUR ANSWER HERE"
+    assert cells.info(student.cells[3])["checksum"] == cells.checksum(student.cells[3])
+    assert cells.info(student.cells[0])["checksum"] == cells.checksum(student.cells[0])
+    assert "checksum" not in cells.info(
+        student.cells[2]
+    )  # the student's own cell is free to change
+
+
+def test_release_is_deterministic_and_idempotent(tmp_path):
+    src = tmp_path / "lab.ipynb"
+    nbformat.write(solution_notebook(), src)
+    a = release(src, tmp_path / "a.ipynb").read_bytes()
+    b = release(src, tmp_path / "b.ipynb").read_bytes()
+    assert a == b
+    again = release(tmp_path / "a.ipynb", tmp_path / "c.ipynb").read_bytes()  # releasing a release
+    assert again == a
+
+
+def test_the_stub_raises_a_clear_not_implemented_error():
+    student = student_version(solution_notebook())
+    namespace = {}
+    exec(student.cells[2].source, namespace)
+    with pytest.raises(NotImplementedError, match="shard: replace this line with your solution"):
+        namespace["shard"](4, 0, 2)
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (
+            lambda nb: nb.cells[2].__setitem__("source", "### BEGIN SOLUTION\nx = 1"),
+            "is never closed",
+        ),
+        (
+            lambda nb: nb.cells[2].__setitem__("source", "x = 1\n### END SOLUTION"),
+            "without a '### BEGIN SOLUTION'",
+        ),
+        (
+            lambda nb: nb.cells[3].metadata.nbgrader.__setitem__("grade_id", "shard"),
+            "grade_id 'shard' is already used by cell 2",
+        ),
+        (lambda nb: nb.cells[3].metadata.nbgrader.pop("points"), "a graded cell needs points"),
+        (
+            lambda nb: nb.cells.append(new_code_cell("y = 1", metadata={"tags": ["parameters"]})),
+            "2 cells are tagged 'parameters'",
+        ),
+        (
+            lambda nb: nb.cells[3].metadata.nbgrader.__setitem__("grade_id", "has space"),
+            "letters, digits",
+        ),
+    ],
+)
+def test_authoring_errors_say_where_and_what(mutate, message):
+    nb = solution_notebook()
+    mutate(nb)
+    with pytest.raises(cells.FormatError, match=message):
+        student_version(nb)
+
+
+def test_cli_release_writes_the_lab(tmp_path):
+    src = tmp_path / "solutions" / "lab.ipynb"
+    src.parent.mkdir()
+    nbformat.write(solution_notebook(), src)
+    out = tmp_path / "labs"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "course",
+            "release",
+            "--solutions",
+            str(src.parent),
+            "--labs",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "NotImplementedError" in (out / "lab.ipynb").read_text()
+    bad = tmp_path / "solutions" / "bad.ipynb"
+    nb = solution_notebook()
+    nb.cells[2].source = "### BEGIN SOLUTION"
+    nbformat.write(nb, bad)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "course",
+            "release",
+            "--solutions",
+            str(src.parent),
+            "--labs",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert (
+        proc.returncode == 2
+        and "bad.ipynb: cell 2 (shard): '### BEGIN SOLUTION' on line 1 is never closed"
+        in proc.stderr
+    )
