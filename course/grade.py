@@ -203,14 +203,11 @@ class Isolation:
             and shutil.which("unshare") is not None
             and _probe(["unshare", "--net", "--mount", "--fork", "true"])
         )
-        # The kernel's interpreter must be usable by an unprivileged uid (not under /root).
-        self.uid = self.root and _probe(
-            [
-                sys.executable,
-                "-c",
-                f"import os; os.setgid({UID_BASE}); os.setuid({UID_BASE}); import course, helpers, ipykernel",
-            ]
-        )
+        # Can a kernel run as another uid? Inside the namespaces the sandbox can expose an
+        # interpreter that lives under /root; without them it must be readable as it is.
+        prefix = ["unshare", "--net", "--mount", "--fork", "--"] if self.namespaces else []
+        command = [sys.executable, "-m", "course.sandbox", "--probe", str(UID_BASE)]
+        self.uid = self.root and _probe(prefix + command)
         self.cgroup_root = _cgroup_root() if self.root else None
 
     def describe(self) -> list[str]:
@@ -378,6 +375,7 @@ def grade_one(
         "netns": iso.namespaces,
         "hide": hide if iso.namespaces else [],
         "isolation": iso.describe(),
+        "expose": iso.namespaces and uid is not None,
     }
     (private / "job.json").write_text(json.dumps(job))
     os.chmod(private, 0o700)

@@ -56,6 +56,62 @@ def hide(paths: list[str]) -> list[str]:
     return hidden
 
 
+MS_BIND, MS_REC = 4096, 16384
+
+
+def _blocked_ancestor(path: str) -> str | None:
+    """The first folder above ``path`` that others may not enter (e.g. /root, mode 0700)."""
+    parts = os.path.abspath(path).split(os.sep)
+    for i in range(2, len(parts)):
+        folder = os.sep.join(parts[:i])
+        if not os.stat(folder).st_mode & 0o001:
+            return folder
+    return None
+
+
+def expose(needed: list[str]) -> list[str]:
+    """Make ``needed`` folders reachable by an unprivileged uid, hiding their blocked parents.
+
+    A base interpreter under /root (pyenv) is unreachable for another uid. In this private
+    mount namespace: keep each needed folder aside with a bind mount, cover its blocked
+    ancestor with an empty world-readable tmpfs, recreate the path and bind the folder back.
+    Everything else under that ancestor stays invisible.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    groups: dict[str, list[str]] = {}
+    for p in needed:
+        blocked = _blocked_ancestor(p)
+        if blocked:
+            groups.setdefault(blocked, []).append(os.path.abspath(p))
+    done = []
+    for blocked, paths in groups.items():
+        stashes = []
+        for p in paths:
+            stash = tempfile.mkdtemp(prefix="expose-")
+            if libc.mount(p.encode(), stash.encode(), None, MS_BIND | MS_REC, None) != 0:
+                raise OSError(ctypes.get_errno(), f"bind {p}")
+            stashes.append((p, stash))
+        if libc.mount(b"tmpfs", blocked.encode(), b"tmpfs", 0, b"mode=755") != 0:
+            raise OSError(ctypes.get_errno(), f"tmpfs over {blocked}")
+        for p, stash in stashes:
+            os.makedirs(p, mode=0o755, exist_ok=True)
+            if libc.mount(stash.encode(), p.encode(), None, MS_BIND | MS_REC, None) != 0:
+                raise OSError(ctypes.get_errno(), f"bind back {p}")
+            done.append(p)
+    return done
+
+
+def needed_paths() -> list[str]:
+    """What a kernel must read: the base interpreter, the environment, the course."""
+    import course
+
+    return [
+        sys.base_prefix,
+        sys.prefix,
+        os.path.dirname(os.path.dirname(os.path.abspath(course.__file__))),
+    ]
+
+
 def not_dumpable() -> None:
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no ptrace, no /proc/pid/mem
 
@@ -192,7 +248,21 @@ def run(job: dict, emit) -> None:
     emit({"notebook": nb, "dead": dead})
 
 
+def probe(uid: int) -> None:
+    """Exit 0 if a kernel could run as ``uid`` here (called inside the namespaces)."""
+    expose(needed_paths())
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+    import ipykernel  # noqa: F401
+
+    import helpers  # noqa: F401
+
+
 def main() -> None:
+    if sys.argv[1] == "--probe":
+        probe(int(sys.argv[2]))
+        return
     job_path, fd = sys.argv[1], int(sys.argv[2])
     job = json.loads(Path(job_path).read_text())
     out = os.fdopen(fd, "w", buffering=1)
@@ -201,6 +271,12 @@ def main() -> None:
         out.write(json.dumps(obj) + "\n")
 
     applied = list(job.get("isolation", []))
+    if job.get("expose"):
+        exposed = expose(needed_paths())
+        if exposed:
+            applied.append(
+                f"made readable for the submission's uid (parents hidden): {', '.join(exposed)}"
+            )
     if job.get("netns"):
         applied.append(
             "network: private namespace, loopback only"

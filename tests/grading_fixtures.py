@@ -1,0 +1,119 @@
+"""A small nbgrader-format assignment and submissions to grade (good, wrong, hostile, broken).
+
+Shared by tests/test_grade.py and benchmarks/grading_bench.py. The assignment is plain Python
+(no ranks), so nbgrader's own autograder can grade it too.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from course.kernel import KERNELSPEC
+from course.release import student_version
+
+POINTS = {"test_square": 2, "test_mean": 3, "test_noisy": 1}  # auto-graded; "why" (1) is manual
+
+
+def meta(gid, **kw):
+    base = {"grade_id": gid, "schema_version": 3, "grade": False, "solution": False, "locked": False}
+    return {"nbgrader": {**base, **kw}}
+
+
+def source() -> nbformat.NotebookNode:
+    return new_notebook(
+        metadata={"kernelspec": KERNELSPEC, "language_info": {"name": "python"}},
+        cells=[
+            new_markdown_cell("# Problem set 1", metadata=meta("intro", locked=True)),
+            new_code_cell("import math\nimport sys\nimport warnings", metadata=meta("imports", locked=True)),
+            new_code_cell(
+                "def square(x):\n    ### BEGIN SOLUTION\n    return x * x\n    ### END SOLUTION",
+                metadata=meta("square", solution=True),
+            ),
+            new_code_cell(
+                "assert square(3) == 9\n### BEGIN HIDDEN TESTS\nassert square(-4) == 16\n"
+                "assert square(0.5) == 0.25\n### END HIDDEN TESTS",
+                metadata=meta("test_square", grade=True, points=2),
+            ),
+            new_code_cell(
+                "def mean(xs):\n    ### BEGIN SOLUTION\n    return sum(xs) / len(xs)\n    ### END SOLUTION",
+                metadata=meta("mean", solution=True),
+            ),
+            new_code_cell(
+                "cases = [([1, 2, 3], 2.0), ([5], 5.0), ([-1, 1], 0.0)]\n"
+                "### BEGIN HIDDEN TESTS\ncases.append(([2, 4, 6, 8], 5.0))\n### END HIDDEN TESTS\n"
+                "right = sum(math.isclose(mean(xs), want) for xs, want in cases)\n"
+                "3 * right / len(cases)",
+                metadata=meta("test_mean", grade=True, points=3),
+            ),
+            new_code_cell(
+                "warnings.warn('a harmless library warning')\nprint('noise on stderr', file=sys.stderr)\n"
+                "assert square(2) == 4",
+                metadata=meta("test_noisy", grade=True, points=1),
+            ),
+            new_markdown_cell("Why is the square never negative?", metadata=meta("why", solution=True, grade=True, points=1)),
+        ],
+    )
+
+
+def release(folder: Path) -> tuple[Path, nbformat.NotebookNode]:
+    """Write the source as folder/source/ps1.ipynb; return its path and the student version."""
+    path = folder / "source" / "ps1.ipynb"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(source(), path)
+    return path, student_version(source())
+
+
+def answer(student, square="return x * x", mean="return sum(xs) / len(xs)"):
+    nb = nbformat.from_dict(student)
+    for cell in nb.cells:
+        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if gid == "square":
+            cell.source = f"def square(x):\n    {square}"
+        elif gid == "mean":
+            cell.source = f"def mean(xs):\n    {mean}"
+        elif gid == "why":
+            cell.source = "A real number times itself is never negative."
+    return nb
+
+
+def cell_index(nb, gid):
+    return next(i for i, c in enumerate(nb.cells) if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == gid)
+
+
+def plain_submissions(student) -> dict[str, nbformat.NotebookNode]:
+    """Honest submissions with known scores (the nbgrader cross-check uses these)."""
+    subs = {
+        "correct": answer(student),
+        "wrong_square": answer(student, square="return x * 3"),
+        "partial_mean": answer(student, mean="return sum(xs) / 3"),  # right for 2 of 4 cases
+        "unanswered": nbformat.from_dict(student),
+    }
+    return subs
+
+
+EXPECTED = {  # total auto-graded points of each plain submission
+    "correct": 6.0,
+    "wrong_square": 3.0,  # test_square and test_noisy (square(2) == 4) fail; test_mean passes
+    "partial_mean": 2 + 1.5 + 1,  # mean right for 2 of the 4 cases: 3 * 2/4 partial credit
+    "unanswered": 0.0,
+}
+
+
+def write(folder: Path, subs: dict) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, nb in subs.items():
+        if isinstance(nb, bytes):
+            (folder / name).write_bytes(nb)
+        elif isinstance(nb, str):
+            (folder / name).write_text(nb)
+        else:
+            nbformat.write(nb, folder / f"{name}.ipynb")
+    return folder
+
+
+def raw(nb) -> str:
+    return json.dumps(nb)
