@@ -273,6 +273,17 @@ class Group:
                 except OSError:
                     pass
 
+    def memory(self) -> int | None:
+        """Anonymous memory of the whole group from its cgroup (page cache not counted), if any."""
+        for d in self.dirs:
+            stat = d / "memory.stat"
+            if stat.exists():
+                values = dict(line.split() for line in stat.read_text().splitlines() if " " in line)
+                for key in ("anon", "total_rss"):  # cgroup v2, v1
+                    if key in values:
+                        return int(values[key])
+        return None
+
     def add(self, pid: int) -> None:
         for d in self.dirs:
             try:
@@ -377,11 +388,12 @@ def grade_one(
         "isolation": iso.describe(),
         "expose": iso.namespaces and uid is not None,
     }
+    group = Group(iso, marker, uid, limits)
+    job["cgroups"] = [str(d) for d in group.dirs]
     (private / "job.json").write_text(json.dumps(job))
     os.chmod(private, 0o700)
     read_fd, write_fd = os.pipe()
     prefix = ["unshare", "--net", "--mount", "--fork", "--"] if iso.namespaces else []
-    group = Group(iso, marker, uid, limits)
     runner = subprocess.Popen(
         prefix + [sys.executable, "-m", "course.sandbox", str(private / "job.json"), str(write_fd)],
         pass_fds=(write_fd,),
@@ -430,7 +442,10 @@ def grade_one(
                     f"over the {limits.budget:g} s budget: stopped, later tests score 0",
                 )
                 break
-            rss, count = _usage(group.processes() or [psutil.Process(runner.pid)])
+            procs = group.processes() or [psutil.Process(runner.pid)]
+            rss, count = _usage(procs)
+            measured = group.memory()
+            rss = measured if measured is not None else rss  # summed RSS counts shared pages twice
             if rss > limits.memory:
                 status, reason = (
                     "memory",

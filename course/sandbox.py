@@ -265,6 +265,8 @@ def main() -> None:
         return
     job_path, fd = sys.argv[1], int(sys.argv[2])
     job = json.loads(Path(job_path).read_text())
+    for group in job.get("cgroups", []):  # first: every process started from here inherits it
+        Path(group, "cgroup.procs").write_text(str(os.getpid()))
     out = os.fdopen(fd, "w", buffering=1)
 
     def emit(obj):

@@ -19,7 +19,13 @@ POINTS = {"test_square": 2, "test_mean": 3, "test_noisy": 1}  # auto-graded; "wh
 
 
 def meta(gid, **kw):
-    base = {"grade_id": gid, "schema_version": 3, "grade": False, "solution": False, "locked": False}
+    base = {
+        "grade_id": gid,
+        "schema_version": 3,
+        "grade": False,
+        "solution": False,
+        "locked": False,
+    }
     return {"nbgrader": {**base, **kw}}
 
 
@@ -28,7 +34,9 @@ def source() -> nbformat.NotebookNode:
         metadata={"kernelspec": KERNELSPEC, "language_info": {"name": "python"}},
         cells=[
             new_markdown_cell("# Problem set 1", metadata=meta("intro", locked=True)),
-            new_code_cell("import math\nimport sys\nimport warnings", metadata=meta("imports", locked=True)),
+            new_code_cell(
+                "import math\nimport sys\nimport warnings", metadata=meta("imports", locked=True)
+            ),
             new_code_cell(
                 "def square(x):\n    ### BEGIN SOLUTION\n    return x * x\n    ### END SOLUTION",
                 metadata=meta("square", solution=True),
@@ -54,7 +62,10 @@ def source() -> nbformat.NotebookNode:
                 "assert square(2) == 4",
                 metadata=meta("test_noisy", grade=True, points=1),
             ),
-            new_markdown_cell("Why is the square never negative?", metadata=meta("why", solution=True, grade=True, points=1)),
+            new_markdown_cell(
+                "Why is the square never negative?",
+                metadata=meta("why", solution=True, grade=True, points=1),
+            ),
         ],
     )
 
@@ -81,7 +92,11 @@ def answer(student, square="return x * x", mean="return sum(xs) / len(xs)"):
 
 
 def cell_index(nb, gid):
-    return next(i for i, c in enumerate(nb.cells) if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == gid)
+    return next(
+        i
+        for i, c in enumerate(nb.cells)
+        if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == gid
+    )
 
 
 def plain_submissions(student) -> dict[str, nbformat.NotebookNode]:

@@ -1,0 +1,280 @@
+"""`course grade` with real kernels and real hostile submissions built here."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+import textwrap
+
+import nbformat
+import psutil
+import pytest
+from grading_fixtures import EXPECTED, answer, cell_index, plain_submissions, raw, release, write
+from nbformat.v4 import new_code_cell
+
+from course.grade import Limits, assemble, grade, load_submission
+
+
+@pytest.fixture(scope="module")
+def assignment(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ps1")
+    src, student = release(root)
+    return root, src, student
+
+
+def with_cell(student, code, before="test_square", answered=True):
+    """The correct answer (or none) plus an extra cell of the student's, placed before ``before``."""
+    nb = answer(student) if answered else nbformat.from_dict(student)
+    nb.cells.insert(cell_index(nb, before), new_code_cell(textwrap.dedent(code)))
+    return nb
+
+
+def scores(out):
+    rows = list(csv.DictReader((out / "gradebook.csv").open()))
+    return {r["student"]: r for r in rows}
+
+
+def test_plain_submissions_get_their_expected_totals(assignment, tmp_path):
+    root, src, student = assignment
+    subs = write(tmp_path / "subs", plain_submissions(student))
+    results = grade(
+        src,
+        subs,
+        tmp_path / "out",
+        jobs=2,
+        progress=False,
+        limits=Limits(cell_timeout=30, budget=90),
+    )
+    assert {k: r.total for k, r in results.items()} == EXPECTED
+    book = scores(tmp_path / "out")
+    assert book["partial_mean"]["test_mean (3)"] == "1.5" and book["correct"]["why (1)"] == "manual"
+    assert book["correct"]["total"] == "6.0" and book["correct"]["max"] == "6.0"
+    assert all(r["status"] == "graded" for r in book.values())
+    feedback = (tmp_path / "out" / "feedback" / "wrong_square.html").read_text()
+    assert "AssertionError" in feedback and "3 points" in feedback
+    iso = results["correct"].isolation
+    assert iso and any("resource limits" in line for line in iso)
+
+
+def test_cells_are_matched_by_grade_id_not_position(assignment):
+    _, src, student = assignment
+    nb = answer(student)
+    nb.cells.reverse()  # everything moved
+    nb.cells.insert(0, new_code_cell("helper = 1"))  # something inserted
+    source = nbformat.read(src, as_version=4)
+    graded, flags = assemble(source, nb)
+    ids = [c.metadata.get("nbgrader", {}).get("grade_id") for c in graded.cells]
+    assert ids.count("test_square") == 1 and ids.count("square") == 1 and flags == []
+    assert (
+        "assert square(-4) == 16" in graded.cells[ids.index("test_square")].source
+    )  # hidden test back
+
+
+def test_hostile_and_broken_submissions(assignment, tmp_path):
+    root, src, student = assignment
+    solution_path = str(src)
+    tampered = answer(student, square="return 0")
+    tampered.cells[cell_index(tampered, "test_square")].source = "pass  # tests? what tests"
+    deleted = answer(student, square="return 0")
+    del deleted.cells[cell_index(deleted, "test_square")]
+    duplicated = answer(student)
+    duplicated.cells.insert(
+        cell_index(duplicated, "square") + 1,
+        nbformat.from_dict(duplicated.cells[cell_index(duplicated, "square")]),
+    )
+    v3 = {"nbformat": 3, "nbformat_minor": 0, "metadata": {}, "worksheets": [{"cells": []}]}
+    subs = {
+        "fake_success": with_cell(student, "print('All tests passed! 6/6 points')", answered=False),
+        "sys_exit": with_cell(student, "import sys; sys.exit(0)"),
+        "os_exit": with_cell(student, "import os; os._exit(0)", before="test_mean"),
+        "segfault": with_cell(student, "import ctypes; ctypes.string_at(0)", before="test_mean"),
+        "tampered": tampered,
+        "deleted_test": deleted,
+        "duplicated": duplicated,
+        "reads_hidden_tests": with_cell(
+            student,
+            f"""
+            try:
+                print('READ', len(open({solution_path!r}).read()))
+            except Exception as exc:
+                print('BLOCKED', type(exc).__name__)
+            """,
+        ),
+        "network": with_cell(
+            student,
+            """
+            import socket
+            try:
+                socket.create_connection(("1.1.1.1", 53), timeout=2); print("NET OPEN")
+            except OSError as exc:
+                print("NET CLOSED", exc.errno)
+            """,
+        ),
+        "stray_daemon": with_cell(
+            student,
+            """
+            import subprocess
+            subprocess.Popen(["sleep", "4242"], start_new_session=True)
+            """,
+        ),
+        "huge_output": with_cell(student, "print('x' * 10_000_000)"),
+        "slow_cell": with_cell(student, "import time; time.sleep(600)", before="test_mean"),
+        "memory_hog": with_cell(
+            student,
+            """
+            import time
+            hog = []
+            for _ in range(12):
+                hog.append(b"x" * (256 * 2**20)); time.sleep(0.5)  # written, so really resident
+            time.sleep(30)
+            """,
+            before="test_mean",
+        ),
+        "fork_storm": with_cell(
+            student,
+            """
+            import os, time
+            for _ in range(400):
+                try:
+                    if os.fork() == 0:
+                        time.sleep(60); os._exit(0)
+                except OSError:
+                    break
+            time.sleep(30)
+            """,
+        ),
+        "malformed": b'{"cells": [',
+        "empty": b"",
+        "not_a_notebook.txt": "hello",
+        "json_list": raw([1, 2, 3]),
+        "old_format": raw(v3),
+        "future_format": raw({"nbformat": 99, "nbformat_minor": 0, "cells": [], "metadata": {}}),
+    }
+    subs = {
+        (k if k.endswith(".txt") or isinstance(v, nbformat.NotebookNode) else f"{k}.ipynb"): v
+        for k, v in subs.items()
+    }
+    folder = write(tmp_path / "subs", subs)
+    limits = Limits(cell_timeout=8, budget=60, memory=1536 * 2**20, processes=64)
+    results = grade(src, folder, tmp_path / "out", jobs=2, limits=limits, progress=False)
+    r = {k: (v.status, v.total, v.reason, v.flags, v.errors) for k, v in results.items()}
+    assert len(results) == len(subs)  # nobody aborted the batch
+
+    assert r["fake_success"][1] == 0.0
+    assert r["sys_exit"][1] == 6.0  # SystemExit in a cell is an error of that cell; tests still run
+    assert r["os_exit"][1] == 2.0 and "kernel died" in r["os_exit"][2]  # tests after the exit: 0
+    assert r["segfault"][1] == 2.0 and "kernel died" in r["segfault"][2]
+    assert r["tampered"][1] == 0.0 + 3 + 0 and any(
+        "'test_square' was edited" in f for f in r["tampered"][3]
+    )
+    assert r["deleted_test"][1] == 3.0 and any(
+        "'test_square' was deleted" in f for f in r["deleted_test"][3]
+    )
+    assert r["duplicated"][1] == 6.0 and any(
+        "appears more than once" in f for f in r["duplicated"][3]
+    )
+    assert r["huge_output"][1] == 6.0
+    assert r["slow_cell"][1] == 6.0  # the slow cell was interrupted, the rest ran
+    assert r["memory_hog"][0] == "memory" and r["memory_hog"][1] == 2.0
+    # Contained: its forks hit the process limit (later cells may fail to start threads) or it
+    # was stopped; either way the batch went on and nothing of it is left (checked below).
+    assert r["fork_storm"][0] in ("graded", "processes", "memory") and r["fork_storm"][1] <= 6.0
+    for name in ("malformed", "empty", "not_a_notebook", "json_list", "future_format"):
+        assert r[name][0] == "invalid" and r[name][1] == 0.0 and r[name][2], name
+    assert r["old_format"][0] == "graded" and r["old_format"][1] == 0.0  # converted, but no answers
+
+    executed = {k: v for k, v in results.items() if getattr(v, "executed", None)}
+
+    def printed(name):  # what the submission's cells printed (not their source)
+        nb = nbformat.read(executed[name].executed, as_version=4)
+        return "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+
+    iso = " ".join(results["correct" if "correct" in results else "sys_exit"].isolation)
+    if "hidden from the submission" in iso:
+        assert "BLOCKED" in printed("reads_hidden_tests") and "READ" not in printed(
+            "reads_hidden_tests"
+        )
+        assert results["reads_hidden_tests"].total == 6.0
+    if "private namespace" in iso:
+        assert "NET CLOSED" in printed("network")
+    assert not [
+        p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "4242"]
+    ]
+    book = scores(tmp_path / "out")
+    assert book["empty"]["reason"] == "empty file" and book["memory_hog"]["status"] == "memory"
+
+
+def test_resume_skips_graded_and_unchanged_submissions(assignment, tmp_path):
+    _, src, student = assignment
+    subs = write(tmp_path / "subs", {"a": answer(student), "b": answer(student, square="return 1")})
+    out = tmp_path / "out"
+    first = grade(src, subs, out, progress=False)
+    stamp = (out / "results" / "a.json").stat().st_mtime_ns
+    write(subs, {"b": answer(student)})  # b resubmits
+    second = grade(src, subs, out, progress=False)
+    assert (out / "results" / "a.json").stat().st_mtime_ns == stamp  # a was not graded again
+    assert first["b"].total == 3.0 and second["b"].total == 6.0 and second["a"].total == 6.0
+
+
+def test_load_submission_reasons(tmp_path):
+    (tmp_path / "folder").mkdir()
+    assert load_submission(tmp_path / "folder") == (None, "no .ipynb file in the submission folder")
+
+
+def test_cli_grades_and_interrupt_keeps_finished_grades(assignment, tmp_path):
+    _, src, student = assignment
+    subs = write(tmp_path / "subs", {f"s{i}": answer(student) for i in range(4)})
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "course",
+            "grade",
+            str(src),
+            str(subs),
+            "--out",
+            str(out),
+            "-j",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    import time
+
+    deadline = time.monotonic() + 120
+    while (
+        time.monotonic() < deadline
+        and not (out / "results").exists()
+        or not list((out / "results").glob("*.json"))
+    ):
+        time.sleep(0.2)
+        if time.monotonic() > deadline:
+            break
+    proc.send_signal(2)  # Ctrl-C after the first grade
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "finished grades kept" in err
+    kept = scores(out)
+    assert kept and all(row["total"] == "6.0" for row in kept.values())
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "course",
+            "grade",
+            str(src),
+            str(subs),
+            "--out",
+            str(out),
+            "-j",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0 and "4 submissions, mean 6.00 points" in proc.stdout
