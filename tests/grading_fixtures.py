@@ -132,3 +132,65 @@ def write(folder: Path, subs: dict) -> Path:
 
 def raw(nb) -> str:
     return json.dumps(nb)
+
+
+def nbgrader_grade(
+    workdir: Path, subs_answers: dict, source_nb=None
+) -> dict[str, dict[str, float]]:
+    """Grade with nbgrader's own generate_assignment + autograde; per-question scores.
+
+    ``subs_answers`` maps a student to a function student_notebook -> submission, so each tool
+    grades the same answers written into its own release of the assignment.
+    """
+    import subprocess
+    import sys
+
+    from nbgrader.api import Gradebook
+
+    root = workdir / "nbgrader-course"
+    (root / "source" / "ps1").mkdir(parents=True, exist_ok=True)
+    nbformat.write(source_nb or source(), root / "source" / "ps1" / "ps1.ipynb")
+    (root / "nbgrader_config.py").write_text(
+        f"c = get_config()\nc.CourseDirectory.root = {str(root)!r}\nc.ExecutePreprocessor.timeout = 120\n"
+    )
+    nbgrader = [sys.executable, "-m", "nbgrader"]
+    import os
+
+    # nbgrader runs `alembic` by name: the environment's bin must be on PATH.
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+
+    def run(*args):
+        return subprocess.run([*nbgrader, *args], cwd=root, capture_output=True, text=True, env=env)
+
+    done = run("generate_assignment", "ps1", "--force")
+    if done.returncode:
+        raise RuntimeError(
+            f"nbgrader generate_assignment failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+        )
+    released = nbformat.read(root / "release" / "ps1" / "ps1.ipynb", as_version=4)
+    for name, make in subs_answers.items():
+        path = root / "submitted" / name / "ps1" / "ps1.ipynb"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(make(released), path)
+    done = run("autograde", "ps1", "--force", "--create")
+    if done.returncode:
+        raise RuntimeError(
+            f"nbgrader autograde failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+        )
+    out = {}
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
+        for name in subs_answers:
+            sub = gb.find_submission_notebook("ps1", "ps1", name)  # notebook, assignment, student
+            out[name] = {g.name: g.score for g in sub.grades}
+    return out
+
+
+ANSWERS = {  # the honest submissions, as functions of a released notebook
+    "correct": lambda nb: answer(nb),
+    "wrong_square": lambda nb: answer(nb, square="return x * 3"),
+    "partial_mean": lambda nb: answer(nb, mean="return sum(xs) / 3"),
+    "unanswered": lambda nb: nbformat.from_dict(nb),
+}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import json
 import subprocess
 import sys
 import textwrap
@@ -278,3 +277,71 @@ def test_cli_grades_and_interrupt_keeps_finished_grades(assignment, tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0 and "4 submissions, mean 6.00 points" in proc.stdout
+
+
+def test_ranks_run_inside_the_sandbox_and_a_stuck_submission_hits_the_budget(assignment, tmp_path):
+    _, src, student = assignment
+    launches = with_cell(
+        student,
+        """
+        import helpers, torch, torch.distributed as dist
+        def work():
+            t = torch.ones(1); dist.all_reduce(t); return t.item()
+        print("RANKS", helpers.launch(work, world_size=2))
+        """,
+    )
+    stuck = with_cell(
+        student,
+        """
+        import signal, time
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the cell timeout's interrupt is ignored
+        time.sleep(600)
+        """,
+        before="test_mean",
+    )
+    folder = write(tmp_path / "subs", {"launches": launches, "stuck": stuck})
+    results = grade(
+        src,
+        folder,
+        tmp_path / "out",
+        jobs=2,
+        limits=Limits(cell_timeout=5, budget=25),
+        progress=False,
+    )
+    assert results["launches"].status == "graded" and results["launches"].total == 6.0
+    nb = nbformat.read(results["launches"].executed, as_version=4)
+    assert "RANKS [2.0, 2.0]" in "".join(
+        o.get("text", "") for c in nb.cells for o in c.get("outputs", [])
+    )
+    assert (
+        results["stuck"].status == "timeout" and "over the 25 s budget" in results["stuck"].reason
+    )
+    assert results["stuck"].scores["test_square"] == 2.0  # what finished before the budget counts
+    leftovers = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if "helpers._worker" in " ".join(p.info["cmdline"] or [])
+    ]
+    assert not leftovers
+
+
+def test_totals_match_nbgrader_autograde_except_its_stderr_penalty(assignment, tmp_path):
+    from grading_fixtures import ANSWERS, nbgrader_grade
+
+    _, src, student = assignment
+    subs = write(tmp_path / "subs", {name: make(student) for name, make in ANSWERS.items()})
+    ours = grade(src, subs, tmp_path / "out", jobs=2, progress=False)
+    theirs = nbgrader_grade(tmp_path, ANSWERS)
+    for name in ANSWERS:
+        for gid, points in theirs[name].items():
+            if gid == "why":  # manual in both; nbgrader stores 0 until a person grades it
+                assert ours[name].scores[gid] is None and points == 0
+            elif gid == "test_noisy":
+                # nbgrader gives 0 to a passing test that wrote to stderr (nbgrader#1904); we do not.
+                assert points == 0 and ours[name].scores[gid] == (
+                    1.0 if name in ("correct", "partial_mean") else 0.0
+                )
+            else:
+                assert ours[name].scores[gid] == points, (name, gid)
+    quiet = {n: sum(v for g, v in theirs[n].items() if g != "test_noisy") for n in ANSWERS}
+    assert quiet == {n: ours[n].total - (ours[n].scores["test_noisy"] or 0) for n in ANSWERS}
