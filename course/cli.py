@@ -39,6 +39,17 @@ def main(argv: list[str] | None = None) -> int:
         help="auto: the strongest this machine allows; basic: limits only",
     )
 
+    c = sub.add_parser(
+        "check", help="nbval: committed outputs of lectures and solutions still hold"
+    )
+    c.add_argument("notebooks", nargs="*", help="notebooks (default: the whole syllabus)")
+
+    rec = sub.add_parser(
+        "record", help="run notebooks and store their outputs in them (then commit)"
+    )
+    rec.add_argument("notebooks", nargs="+")
+    rec.add_argument("--profile", default="quick", choices=("quick", "full"))
+
     args = parser.parse_args(argv)
     if args.command == "kernel":
         from course.kernel import install_kernel
@@ -57,6 +68,18 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         for path in written:
             print(f"released {path}")
+        return 0
+    if args.command == "check":
+        from course.check import check
+
+        return check(args.notebooks)
+    if args.command == "record":
+        from course.record import record
+        from course.run import select
+        from course.syllabus import load_syllabus
+
+        for entry in select(load_syllabus(), args.notebooks):
+            print(f"recorded {record(entry.path, entry.parameters(args.profile))}")
         return 0
     if args.command == "grade":
         return _grade(args)

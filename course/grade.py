@@ -291,13 +291,24 @@ class Group:
             except OSError:
                 pass
 
-    def processes(self) -> list[psutil.Process]:
+    def _cgroup_pids(self) -> set[int]:
         pids = set()
         for d in self.dirs:
             try:
                 pids.update(int(x) for x in (d / "cgroup.procs").read_text().split())
             except OSError:
                 pass
+        return pids
+
+    def members(self) -> list[psutil.Process]:
+        """Cheap, for polling: the cgroup's list when there is one (everything inherits it)."""
+        if self.dirs:
+            return [psutil.Process(p) for p in self._cgroup_pids() if psutil.pid_exists(p)]
+        return self.processes()
+
+    def processes(self) -> list[psutil.Process]:
+        """Thorough, for killing: cgroup, the job's uid, and the job's marker in the environment."""
+        pids = self._cgroup_pids()
         for p in psutil.process_iter(["uids", "environ"]):
             try:
                 if self.uid is not None and p.info["uids"] and p.info["uids"].real == self.uid:
@@ -442,7 +453,7 @@ def grade_one(
                     f"over the {limits.budget:g} s budget: stopped, later tests score 0",
                 )
                 break
-            procs = group.processes() or [psutil.Process(runner.pid)]
+            procs = group.members() or [psutil.Process(runner.pid)]
             rss, count = _usage(procs)
             measured = group.memory()
             rss = measured if measured is not None else rss  # summed RSS counts shared pages twice

@@ -80,9 +80,19 @@ def test_every_notebook_names_the_project_kernel_and_is_clean():
         text = nb_path.read_text()
         nb = json.loads(text)
         assert nb["metadata"]["kernelspec"]["name"] == "multigpu-course", nb_path
-        for cell in nb["cells"]:
-            if cell["cell_type"] == "code":
-                assert cell.get("execution_count") is None, f"{nb_path}: stray execution count"
+        counts = [c.get("execution_count") for c in nb["cells"] if c["cell_type"] == "code"]
+        if nb_path.parts[-2] == "labs" or "labs" in nb_path.relative_to(REPO).parts[:1]:
+            # Student versions: no outputs, no counts.
+            assert set(counts) == {None}, f"{nb_path}: a student notebook with execution counts"
+            assert not any(c.get("outputs") for c in nb["cells"]), (
+                f"{nb_path}: a student notebook with outputs"
+            )
+        else:
+            # Recorded with `course record`: counts run 1, 2, 3 ... (nbval compares only counted cells).
+            ran = [c for c in counts if c is not None]
+            assert ran == list(range(1, len(ran) + 1)), (
+                f"{nb_path}: stray execution counts {counts}"
+            )
         assert str(REPO) not in text and home not in text, (
             f"{nb_path}: absolute path of this machine"
         )

@@ -164,3 +164,22 @@ def test_cli_release_writes_the_lab(tmp_path):
         and "bad.ipynb: cell 2 (shard): '### BEGIN SOLUTION' on line 1 is never closed"
         in proc.stderr
     )
+
+
+def test_committed_labs_are_exactly_a_fresh_release_of_solutions(tmp_path):
+    from course.release import release_all
+    from course.syllabus import REPO
+
+    fresh = {
+        p.relative_to(tmp_path): p.read_bytes() for p in release_all(REPO / "solutions", tmp_path)
+    }
+    committed = {
+        p.relative_to(REPO / "labs"): p.read_bytes()
+        for p in (REPO / "labs").rglob("*.ipynb")
+        if ".ipynb_checkpoints" not in p.parts
+    }
+    assert committed.keys() == fresh.keys(), (
+        "labs/ and solutions/ hold different notebooks: run `course release`"
+    )
+    for name in fresh:
+        assert committed[name] == fresh[name], f"labs/{name} is stale: run `course release`"
