@@ -45,18 +45,24 @@ def record(path: Path | str, parameters: dict | None = None, timeout: int = 600)
     """Run ``path`` with papermill (project kernel) and write it back with normalised outputs."""
     import papermill
 
+    from course.run import only_expected_errors
+
     path = Path(path).resolve()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / path.name
-        papermill.execute_notebook(
-            str(path),
-            str(out),
-            parameters=parameters or {},
-            kernel_name=KERNEL_NAME,
-            cwd=str(path.parent),
-            progress_bar=False,
-            execution_timeout=timeout,
-        )
+        try:
+            papermill.execute_notebook(
+                str(path),
+                str(out),
+                parameters=parameters or {},
+                kernel_name=KERNEL_NAME,
+                cwd=str(path.parent),
+                progress_bar=False,
+                execution_timeout=timeout,
+            )
+        except papermill.PapermillExecutionError:
+            if not only_expected_errors(out):  # a cell that was not meant to raise did
+                raise
         nb = normalise(nbformat.read(out, as_version=4))
     path.write_text(nbformat.writes(nb) + "\n", encoding="utf-8")
     return path

@@ -8,7 +8,7 @@
   the same answers under launch, under torchrun, and in a plain process.
 """
 
-from helpers import bandwidth, bench, costmodel, memory, plots, timing, world
+from helpers import bandwidth, bench, costmodel, data, memory, models, plots, ring, timing, world
 from helpers.bench import benchmark_collectives, memcpy_bandwidth
 from helpers.comm import CommRecorder
 from helpers.costmodel import predict_step
@@ -26,6 +26,9 @@ __all__ = [
     "bench",
     "benchmark_collectives",
     "costmodel",
+    "data",
+    "models",
+    "ring",
     "memcpy_bandwidth",
     "memory",
     "memory_limit",

@@ -162,3 +162,18 @@ class memory_limit:  # noqa: N801 - a context manager used like a function
                 "(ZeRO / FSDP), or raise the budget."
             )
         return now
+
+
+BYTES_PER_PARAM = {
+    # weights + gradients + optimizer state, per parameter
+    "fp32-sgd": 4 + 4,
+    "fp32-adam": 4 + 4 + 8,  # Adam keeps two fp32 moments
+    "mixed-adam": 2 + 2 + 4 + 8,  # fp16 weights and grads, fp32 master weights and moments
+}
+
+
+def model_state_bytes(n_params: float, recipe: str = "mixed-adam") -> float:
+    """Bytes of weights, gradients and optimizer state for training ``n_params`` parameters."""
+    if recipe not in BYTES_PER_PARAM:
+        raise ValueError(f"recipe must be one of {', '.join(BYTES_PER_PARAM)}")
+    return n_params * BYTES_PER_PARAM[recipe]

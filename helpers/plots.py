@@ -168,3 +168,69 @@ def predicted_vs_measured(predicted: list[dict], measured: list[dict], key: str 
     ax.set_title("DDP step time: model vs measurement")
     ax.legend(fontsize=8)
     return ax
+
+
+def _grid(ax, rows: list, title: str, vmax: float):
+    import numpy as np
+
+    width = max((len(r) for r in rows if r is not None), default=1)
+    data = np.full((len(rows), width), np.nan)
+    for i, r in enumerate(rows):
+        if r is not None:
+            data[i, : len(r)] = r
+    ax.imshow(data, cmap="YlGnBu", vmin=0, vmax=vmax or 1, aspect="auto")
+    for i, r in enumerate(rows):
+        for j, v in enumerate(r if r is not None else []):
+            ax.text(j, i, f"{v:g}", ha="center", va="center", fontsize=8)
+        if r is None:
+            ax.text(
+                (width - 1) / 2,
+                i,
+                "(no output)",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="gray",
+            )
+    ax.set_yticks(range(len(rows)), [f"rank {i}" for i in range(len(rows))])
+    ax.set_xticks(range(width))
+    ax.set_xlabel("element")
+    ax.set_title(title, fontsize=9)
+
+
+def collective(before: list, after: list, name: str, note: str = ""):
+    """Each rank's tensor before and after a collective, side by side (values written in)."""
+    import matplotlib.pyplot as plt
+
+    values = [v for rows in (before, after) for r in rows if r is not None for v in r]
+    vmax = max(values, default=1)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(7, 0.5 + 0.45 * len(before)))
+    _grid(a, before, f"{name}: before", vmax)
+    _grid(b, after, f"{name}: after" + (f" ({note})" if note else ""), vmax)
+    fig.tight_layout()
+    return a, b
+
+
+def ring(state: dict, ax=None):
+    """One step of ring all-reduce (helpers.ring.steps): who holds the sum of whom, who sends."""
+    import numpy as np
+
+    held = state["held"]
+    n = len(held)
+    ax = _axes(ax, figsize=(1.2 + 0.9 * n, 0.8 + 0.6 * n))
+    counts = np.array([[len(c) for c in row] for row in held])
+    ax.imshow(counts, cmap="Oranges", vmin=0, vmax=n)
+    for r in range(n):
+        for c in range(n):
+            ax.text(c, r, "+".join(map(str, held[r][c])), ha="center", va="center", fontsize=7)
+    for src, dst, chunk in state["sends"]:
+        ax.annotate(
+            "",
+            xy=(chunk, dst),
+            xytext=(chunk, src),
+            arrowprops={"arrowstyle": "->", "color": "k", "alpha": 0.5},
+        )
+    ax.set_xticks(range(n), [f"chunk {c}" for c in range(n)])
+    ax.set_yticks(range(n), [f"rank {r}" for r in range(n)])
+    ax.set_title(f"{state['phase']}: cell = ranks summed into that chunk")
+    return ax

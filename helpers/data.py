@@ -1,0 +1,103 @@
+"""Datasets that work offline. The default is real: scikit-learn's bundled handwritten digits.
+
+``load("digits")`` needs no file and no network (1,797 8×8 images, 10 classes). CIFAR-10 and
+MNIST are read from their usual files when you have them (nothing is ever downloaded):
+CIFAR-10 from the python batches (``cifar-10-batches-py/data_batch_1`` ... ``test_batch``),
+MNIST from the idx files (``train-images-idx3-ubyte`` ... , optionally gzipped).
+Every loader returns a TensorDataset of (float32 images, int64 labels).
+"""
+
+from __future__ import annotations
+
+import gzip
+import pickle
+import struct
+from pathlib import Path
+
+DATASETS = ("digits", "cifar10", "mnist")
+
+
+def digits(train: bool = True, test_fraction: float = 0.2, seed: int = 0):
+    """scikit-learn's digits as (N, 1, 8, 8) images scaled to [0, 1]; a fixed train/test split."""
+    import torch
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    x = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0  # (N, 1, 8, 8)
+    y = torch.tensor(data.target, dtype=torch.int64)
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
+    cut = int(len(y) * (1 - test_fraction))
+    idx = order[:cut] if train else order[cut:]
+    return torch.utils.data.TensorDataset(x[idx], y[idx])
+
+
+def cifar10(root, train: bool = True):
+    """CIFAR-10 from the python batches in ``root`` (or root/cifar-10-batches-py): (N, 3, 32, 32)."""
+    import numpy as np
+    import torch
+
+    root = Path(root)
+    if (root / "cifar-10-batches-py").is_dir():
+        root = root / "cifar-10-batches-py"
+    names = [f"data_batch_{i}" for i in range(1, 6)] if train else ["test_batch"]
+    missing = [n for n in names if not (root / n).exists()]
+    if missing:
+        raise FileNotFoundError(
+            f"CIFAR-10 files {', '.join(missing)} are not in {root}. Put the extracted "
+            "cifar-10-batches-py folder there (nothing is downloaded), or use dataset='digits'."
+        )
+    xs, ys = [], []
+    for name in names:
+        with open(root / name, "rb") as f:
+            batch = pickle.load(f, encoding="bytes")
+        xs.append(np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
+        ys.extend(batch[b"labels"])
+    x = torch.from_numpy(np.concatenate(xs)).float() / 255.0
+    return torch.utils.data.TensorDataset(x, torch.tensor(ys, dtype=torch.int64))
+
+
+def _idx(path: Path):
+    import numpy as np
+
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        zero, dtype, ndim = struct.unpack(">HBB", f.read(4))
+        if zero != 0 or dtype != 0x08:
+            raise ValueError(f"{path} is not an idx file of unsigned bytes")
+        shape = struct.unpack(">" + "I" * ndim, f.read(4 * ndim))
+        return np.frombuffer(f.read(), dtype=np.uint8).reshape(shape)
+
+
+def mnist(root, train: bool = True):
+    """MNIST from the idx files in ``root`` (plain or .gz): (N, 1, 28, 28)."""
+    import torch
+
+    root = Path(root)
+    prefix = "train" if train else "t10k"
+    found = {}
+    for kind in ("images-idx3-ubyte", "labels-idx1-ubyte"):
+        for name in (f"{prefix}-{kind}", f"{prefix}-{kind}.gz"):
+            if (root / name).exists():
+                found[kind] = root / name
+        if kind not in found:
+            raise FileNotFoundError(
+                f"MNIST file {prefix}-{kind}[.gz] is not in {root} (nothing is downloaded)."
+            )
+    images = torch.from_numpy(_idx(found["images-idx3-ubyte"]).copy()).float().unsqueeze(1) / 255.0
+    labels = torch.from_numpy(_idx(found["labels-idx1-ubyte"]).copy()).long()
+    if len(images) != len(labels):
+        raise ValueError(f"MNIST in {root}: {len(images)} images but {len(labels)} labels")
+    return torch.utils.data.TensorDataset(images, labels)
+
+
+def load(name: str = "digits", root=None, train: bool = True):
+    """One entry point for the labs' ``dataset`` parameter."""
+    if name == "digits":
+        return digits(train)
+    if name in ("cifar10", "mnist"):
+        if root is None:
+            raise ValueError(
+                f"dataset={name!r} needs data_root=<folder with its files>; 'digits' needs none"
+            )
+        return cifar10(root, train) if name == "cifar10" else mnist(root, train)
+    raise ValueError(f"unknown dataset {name!r}: choose one of {', '.join(DATASETS)}")

@@ -1,0 +1,53 @@
+"""Models for the labs: small enough for a laptop CPU by default, torchvision's when asked."""
+
+from __future__ import annotations
+
+
+def mlp(in_shape=(1, 8, 8), hidden: int = 128, depth: int = 2, classes: int = 10):
+    """A multilayer perceptron: ``depth`` hidden layers of width ``hidden``."""
+    import math
+
+    from torch import nn
+
+    layers, width = [nn.Flatten()], math.prod(in_shape)
+    for _ in range(depth):
+        layers += [nn.Linear(width, hidden), nn.ReLU()]
+        width = hidden
+    layers.append(nn.Linear(width, classes))
+    return nn.Sequential(*layers)
+
+
+def cnn(in_shape=(1, 8, 8), channels: int = 32, classes: int = 10):
+    """Two 3×3 convolutions and a linear head; works for 8×8, 28×28 and 32×32 inputs."""
+    from torch import nn
+
+    return nn.Sequential(
+        nn.Conv2d(in_shape[0], channels, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(channels, channels, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(4),
+        nn.Flatten(),  # (B, channels * 16)
+        nn.Linear(channels * 16, classes),
+    )
+
+
+def build(name: str = "mlp", in_shape=(1, 8, 8), classes: int = 10, **kwargs):
+    """'mlp', 'cnn', or a torchvision classifier by name ('resnet18', 'vgg16', ...), untrained."""
+    if name == "mlp":
+        return mlp(in_shape, classes=classes, **kwargs)
+    if name == "cnn":
+        return cnn(in_shape, classes=classes, **kwargs)
+    import torchvision
+
+    if not hasattr(torchvision.models, name):
+        raise ValueError(f"unknown model {name!r}: use 'mlp', 'cnn' or a torchvision model name")
+    model = getattr(torchvision.models, name)(weights=None, num_classes=classes)
+    if in_shape[0] != 3:
+        raise ValueError(f"{name} expects 3-channel images; dataset gives {in_shape[0]} channel(s)")
+    return model
+
+
+def n_params(model, trainable: bool = True) -> int:
+    """Number of (trainable) parameters."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable)
