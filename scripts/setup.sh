@@ -24,3 +24,13 @@ if [ ! -f "$stamp" ]; then
 fi
 
 .venv/bin/python -m course kernel --quiet
+
+# The browser test drives Debian's Chromium (Playwright's own browser download is not used).
+if ! command -v chromium >/dev/null 2>&1; then
+    echo "setup: installing Debian's chromium for the browser test"
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get install -y -qq chromium >/dev/null 2>&1 || {
+        $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium
+    }
+fi
