@@ -243,7 +243,6 @@ class _Pool:
         self.tasks: list[Connection] = []
         self.diags: list[Connection] = []
         self.task_id = 0
-        self.info: list[dict] = []
         self.dirty = False
 
     # -- life cycle -------------------------------------------------------------------------
@@ -295,7 +294,7 @@ class _Pool:
         try:
             for rank in range(self.world_size):
                 self._spawn(rank)
-            self.info = self._handshake()
+            self._handshake()
         except BaseException:
             self.kill()
             raise

@@ -222,60 +222,39 @@ def test_load_submission_reasons(tmp_path):
     assert load_submission(tmp_path / "folder") == (None, "no .ipynb file in the submission folder")
 
 
+def grade_cli(src, subs, out, jobs):
+    return [
+        sys.executable,
+        "-m",
+        "course",
+        "grade",
+        str(src),
+        str(subs),
+        "--out",
+        str(out),
+        "-j",
+        str(jobs),
+    ]
+
+
 def test_cli_grades_and_interrupt_keeps_finished_grades(assignment, tmp_path):
+    import time
+
     _, src, student = assignment
     subs = write(tmp_path / "subs", {f"s{i}": answer(student) for i in range(4)})
     out = tmp_path / "out"
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "course",
-            "grade",
-            str(src),
-            str(subs),
-            "--out",
-            str(out),
-            "-j",
-            "1",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        grade_cli(src, subs, out, 1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    import time
-
     deadline = time.monotonic() + 120
-    while (
-        time.monotonic() < deadline
-        and not (out / "results").exists()
-        or not list((out / "results").glob("*.json"))
-    ):
+    while not any((out / "results").glob("*.json")) and time.monotonic() < deadline:
         time.sleep(0.2)
-        if time.monotonic() > deadline:
-            break
     proc.send_signal(2)  # Ctrl-C after the first grade
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "finished grades kept" in err
     kept = scores(out)
     assert kept and all(row["total"] == "6.0" for row in kept.values())
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "course",
-            "grade",
-            str(src),
-            str(subs),
-            "--out",
-            str(out),
-            "-j",
-            "2",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = subprocess.run(grade_cli(src, subs, out, 2), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "4 submissions, mean 6.00 points" in proc.stdout
 
 

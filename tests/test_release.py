@@ -120,45 +120,33 @@ def test_authoring_errors_say_where_and_what(mutate, message):
         student_version(nb)
 
 
+def release_cli(solutions, labs):
+    cmd = [
+        sys.executable,
+        "-m",
+        "course",
+        "release",
+        "--solutions",
+        str(solutions),
+        "--labs",
+        str(labs),
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
 def test_cli_release_writes_the_lab(tmp_path):
     src = tmp_path / "solutions" / "lab.ipynb"
     src.parent.mkdir()
     nbformat.write(solution_notebook(), src)
     out = tmp_path / "labs"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "course",
-            "release",
-            "--solutions",
-            str(src.parent),
-            "--labs",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-    )
+    proc = release_cli(src.parent, out)
     assert proc.returncode == 0, proc.stderr
     assert "NotImplementedError" in (out / "lab.ipynb").read_text()
     bad = tmp_path / "solutions" / "bad.ipynb"
     nb = solution_notebook()
     nb.cells[2].source = "### BEGIN SOLUTION"
     nbformat.write(nb, bad)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "course",
-            "release",
-            "--solutions",
-            str(src.parent),
-            "--labs",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-    )
+    proc = release_cli(src.parent, out)
     assert (
         proc.returncode == 2
         and "bad.ipynb: cell 2 (shard): '### BEGIN SOLUTION' on line 1 is never closed"
