@@ -45,6 +45,7 @@ def speedup(rows: list[dict], time_key: str = "time", group: str | None = "batch
     ax.set_xlabel("workers (ranks)")
     ax.set_ylabel("speedup T(1) / T(n)")
     ax.set_xticks(ns)
+    ax.margins(x=0.1)  # room for the efficiency labels at the last point
     ax.set_title("Strong scaling (labels: efficiency = speedup / n)")
     ax.legend(fontsize=8)
     return ax
