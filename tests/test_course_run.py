@@ -9,26 +9,34 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_setup_notebook_runs_under_papermill_and_lands_in_an_index(tmp_path):
+def test_the_whole_syllabus_runs_under_papermill_and_lands_in_an_index(tmp_path):
+    """The README's main job, quick profile: every lecture and lab solution, executed."""
+    import nbformat
+
+    from course.syllabus import load_syllabus
+
     out = tmp_path / "build"
     proc = subprocess.run(
-        [sys.executable, "-m", "course", "run", "lectures/00_setup_check.ipynb", "--out", str(out)],
+        [sys.executable, "-m", "course", "run", "--profile", "quick", "--out", str(out)],
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "00_setup_check.ipynb" in proc.stdout and "0 failed" in proc.stdout
-    import nbformat
-
-    executed = nbformat.read(out / "lectures" / "00_setup_check.ipynb", as_version=4)
-    assert not executed["metadata"]["papermill"]["exception"]
-    assert executed["metadata"]["kernelspec"]["name"] == "multigpu-course"
-    text = "".join(o.get("text", "") for c in executed["cells"] for o in c.get("outputs", []))
-    assert "[rank 0] I am rank 0 of 2" in text and "[rank 1] I am rank 1 of 2" in text
+    entries = load_syllabus()
+    assert f"{len(entries)} notebooks in" in proc.stdout and "0 failed" in proc.stdout
     index = (out / "index.html").read_text()
-    assert "00_setup_check.html" in index and (out / "lectures" / "00_setup_check.html").exists()
+    for entry in entries:
+        rel = entry.path.relative_to(REPO)
+        executed = nbformat.read(out / rel, as_version=4)
+        assert executed["metadata"]["kernelspec"]["name"] == "multigpu-course"
+        assert str(rel.with_suffix(".html")) in index and (out / rel.with_suffix(".html")).exists()
+    setup = nbformat.read(out / "lectures" / "00_setup_check.ipynb", as_version=4)
+    text = "".join(o.get("text", "") for c in setup.cells for o in c.get("outputs", []))
+    assert "[rank 0] I am rank 0 of 2" in text and "[rank 1] I am rank 1 of 2" in text
+    lab = nbformat.read(out / "solutions" / "lab01_ddp_scaling.ipynb", as_version=4)
+    assert lab.metadata["papermill"]["parameters"]["world_sizes"] == [1, 2]  # the quick profile
 
 
 def test_a_failing_notebook_is_reported_and_fails_the_run(tmp_path):
