@@ -132,6 +132,16 @@ def kernel_idle_js() -> str:
         return failed || cells.every(c => c.executionCount !== null); }"""
 
 
+def wait_last_cell(page, timeout=120_000) -> None:
+    """Wait until the notebook's last cell has run (it has an execution count) and the kernel is idle."""
+    page.wait_for_function(
+        """() => { const w = window.jupyterapp.shell.currentWidget; const k = w.sessionContext.session.kernel;
+            const cells = [...w.content.model.cells]; const last = cells[cells.length - 1];
+            return k.status === 'idle' && last.executionCount !== null; }""",
+        timeout=timeout,
+    )
+
+
 def notebook_text(page) -> str:
     """Everything the cells printed or displayed as text, from the notebook's model."""
     return page.evaluate(
@@ -236,7 +246,7 @@ def test_lecture_01_in_the_browser(server, browser):
     during = last_output(page)
     assert "[rank 0] first" in during and "second" not in during  # streamed, not dumped at the end
     page.screenshot(path=str(SHOTS / "3-lecture01-live-rank-output.png"))
-    page.wait_for_function(kernel_idle_js(), timeout=60_000)
+    wait_last_cell(page)
     assert "[rank 0] second" in last_output(page)
     page.close()
 
@@ -265,7 +275,7 @@ def test_stop_button_interrupts_ranks_blocked_in_a_collective(server, browser):
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     open_notebook(page, server, "01_collectives.ipynb")
     add_cell_and_run(page, "import os, helpers; helpers.shutdown(); print('KERNEL', os.getpid())")
-    page.wait_for_function(kernel_idle_js(), timeout=60_000)
+    wait_last_cell(page)
     kernel_pid = int(last_output(page).split()[-1])
     add_cell_and_run(
         page,
@@ -294,7 +304,7 @@ def test_stop_button_interrupts_ranks_blocked_in_a_collective(server, browser):
     assert elapsed < 5, f"the stop button took {elapsed:.1f} s"
     assert not ranks_alive(kernel_pid)
     add_cell_and_run(page, "print(helpers.launch(lambda: dist.get_rank(), world_size=3))")
-    page.wait_for_function(kernel_idle_js(), timeout=120_000)
+    wait_last_cell(page)
     assert "[0, 1, 2]" in last_output(page)
     page.screenshot(path=str(SHOTS / "7-next-launch-works.png"))
     page.close()
