@@ -190,7 +190,9 @@ def test_hostile_and_broken_submissions(assignment, tmp_path):
         nb = nbformat.read(executed[name].executed, as_version=4)
         return "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
 
-    iso = " ".join(results["correct" if "correct" in results else "sys_exit"].isolation)
+    iso = " ".join(
+        results["sys_exit"].isolation
+    )  # what this machine allowed: the checks below depend on it
     if "hidden from the submission" in iso:
         assert "BLOCKED" in printed("reads_hidden_tests") and "READ" not in printed(
             "reads_hidden_tests"
