@@ -80,6 +80,11 @@ class Result:
 # -- assembling the graded notebook ------------------------------------------------------------
 
 
+def blank_scores(qs: list[Question]) -> dict:
+    """0 for every automatic question, None (a person grades it) for written answers."""
+    return {q.grade_id: (None if q.manual else 0.0) for q in qs}
+
+
 def questions(source) -> list[Question]:
     return [
         Question(cells.grade_id(c), float(cells.info(c)["points"]), c.cell_type == "markdown")
@@ -368,9 +373,7 @@ def grade_one(
     start = time.monotonic()
     nb, reason = load_submission(path)
     if nb is None:
-        return Result(
-            student, "invalid", reason, {q.grade_id: (None if q.manual else 0.0) for q in qs}
-        )
+        return Result(student, "invalid", reason, blank_scores(qs))
     graded_nb, flags = assemble(source, nb, parameters)
     marker = uuid.uuid4().hex
     uid = UID_BASE + slot if iso.uid else None
@@ -405,15 +408,17 @@ def grade_one(
     os.chmod(private, 0o700)
     read_fd, write_fd = os.pipe()
     prefix = ["unshare", "--net", "--mount", "--fork", "--"] if iso.namespaces else []
-    runner = subprocess.Popen(
-        prefix + [sys.executable, "-m", "course.sandbox", str(private / "job.json"), str(write_fd)],
-        pass_fds=(write_fd,),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=open(private / "runner.log", "wb"),
-        start_new_session=True,
-        env={**os.environ, "COURSE_GRADE_JOB": marker},
-    )
+    with open(private / "runner.log", "wb") as log:  # the child keeps its own copy of the fd
+        runner = subprocess.Popen(
+            prefix
+            + [sys.executable, "-m", "course.sandbox", str(private / "job.json"), str(write_fd)],
+            pass_fds=(write_fd,),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            start_new_session=True,
+            env={**os.environ, "COURSE_GRADE_JOB": marker},
+        )
     os.close(write_fd)
     group.add(runner.pid)
     result = Result(student, "graded", flags=flags)
@@ -476,8 +481,7 @@ def grade_one(
         shutil.rmtree(workdir, ignore_errors=True)
     if notebook is None and status == "graded":
         status, reason = "error", reason or "the run ended without a result (see runner.log)"
-    for q in qs:
-        result.scores.setdefault(q.grade_id, None if q.manual else 0.0)
+    result.scores = {**blank_scores(qs), **result.scores}
     result.status, result.reason, result.seconds = status, reason, time.monotonic() - start
     if notebook is not None:
         nbformat.write(nbformat.from_dict(notebook), private / "executed.ipynb")
@@ -662,7 +666,7 @@ def grade(
                 path.stem if path.is_file() else path.name,
                 "error",
                 f"grader error: {type(exc).__name__}: {exc}",
-                {q.grade_id: (None if q.manual else 0.0) for q in qs},
+                blank_scores(qs),
             )
         finally:
             with slot_lock:

@@ -299,7 +299,7 @@ class _Pool:
             self.kill()
             raise
 
-    def _handshake(self) -> list[dict]:
+    def _handshake(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT
         ready: dict[int, dict] = {}
         log: dict[int, list[str]] = {}
@@ -346,7 +346,6 @@ class _Pool:
                         )
         finally:
             sel.close()
-        return [ready[r] for r in range(self.world_size)]
 
     def alive(self) -> bool:
         return len(self.procs) == self.world_size and all(p.poll() is None for p in self.procs)

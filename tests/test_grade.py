@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import os
 import subprocess
 import sys
 import textwrap
@@ -212,9 +213,11 @@ def test_resume_skips_graded_and_unchanged_submissions(assignment, tmp_path):
     subs = write(tmp_path / "subs", {"a": answer(student), "b": answer(student, square="return 1")})
     out = tmp_path / "out"
     first = grade(src, subs, out, progress=False)
+    fds = len(os.listdir("/proc/self/fd"))
     stamp = (out / "results" / "a.json").stat().st_mtime_ns
     write(subs, {"b": answer(student)})  # b resubmits
     second = grade(src, subs, out, progress=False)
+    assert len(os.listdir("/proc/self/fd")) == fds  # grading leaves no file descriptor open
     assert (out / "results" / "a.json").stat().st_mtime_ns == stamp  # a was not graded again
     assert first["b"].total == 3.0 and second["b"].total == 6.0 and second["a"].total == 6.0
 
