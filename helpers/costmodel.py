@@ -45,13 +45,30 @@ def predict_step(
 def predict_scaling(compute: dict, bucket_bytes: list[int], fits: dict, world_sizes) -> list[dict]:
     """Predicted step time per world size; ``fits`` maps world size -> AlphaBeta (n=1: none).
 
-    ``compute``: {'forward', 'backward', 'optimizer'} seconds of one rank's step at its batch.
+    ``compute``: {'forward', 'backward', 'optimizer'} seconds of one rank's step at its batch,
+    either one dict for every world size or ``{world_size: dict}``: the compute measured at
+    each world size (on a CPU, ranks sharing memory bandwidth compute slower than one alone,
+    and a model that assumes otherwise predicts a speedup nobody measures). Each row says
+    which compute it used in 'compute_from'.
     """
+    per_n = all(isinstance(k, int) for k in compute)
     rows = []
     for n in world_sizes:
+        if per_n and n not in compute:
+            raise KeyError(f"no measured compute for world size {n}: measure it, or pass one dict")
+        c = compute[n] if per_n else compute
+        source = f"compute measured at world size {n}" if per_n else "one compute for all sizes"
         if n == 1:
-            step = compute["forward"] + compute["backward"] + compute["optimizer"]
-            rows.append({"world_size": 1, "step": step, "comm": 0.0, "exposed_comm": 0.0})
+            step = c["forward"] + c["backward"] + c["optimizer"]
+            rows.append(
+                {
+                    "world_size": 1,
+                    "step": step,
+                    "comm": 0.0,
+                    "exposed_comm": 0.0,
+                    "compute_from": source,
+                }
+            )
             continue
         if n not in fits:
             raise KeyError(
@@ -59,12 +76,7 @@ def predict_scaling(compute: dict, bucket_bytes: list[int], fits: dict, world_si
             )
         fit = fits[n]
         pred = predict_step(
-            compute["forward"],
-            compute["backward"],
-            compute["optimizer"],
-            bucket_bytes,
-            fit.alpha,
-            fit.beta,
+            c["forward"], c["backward"], c["optimizer"], bucket_bytes, fit.alpha, fit.beta
         )
-        rows.append({"world_size": n, **pred})
+        rows.append({"world_size": n, **pred, "compute_from": source})
     return rows

@@ -35,7 +35,7 @@ from helpers.errors import (
     format_frames,
     rank_error,
 )
-from helpers.world import BACKENDS, thread_budget
+from helpers.world import BACKENDS, cpu_count, oversubscribed, thread_budget
 
 OUTPUTS = ("live", "rank0", "grouped", "none")
 DEFAULT_TIMEOUT = float(os.environ.get("HELPERS_LAUNCH_TIMEOUT", "300"))
@@ -65,8 +65,10 @@ def launch(
     $HELPERS_LAUNCH_TIMEOUT or 300) bounds the run; a hang raises LaunchTimeout naming where
     each rank is blocked. ``output``: "live" (lines as they come, prefixed ``[rank k]``),
     "rank0" (rank 0's lines only), "grouped" (after the run, rank by rank: deterministic, for
-    nbval) or "none"; default $HELPERS_LAUNCH_OUTPUT or "live". ``threads``: per rank, default
-    cores // world_size.
+    nbval) or "none"; default $HELPERS_LAUNCH_OUTPUT or "live". ``threads``: cores per CPU rank,
+    default $HELPERS_THREADS or 1 at every world size (one rank plays one device; each rank is
+    pinned to its own cores). A world that needs more cores than there are runs, but is
+    oversubscribed: a one-line notice says so, and timings recorded there carry the mark.
     """
     if os.environ.get("HELPERS_LAUNCH_RANK") is not None:
         raise LaunchError(
@@ -162,8 +164,19 @@ def _get_pool(world_size: int, backend: str, threads: int):
         pool = _Pool(world_size, backend, threads)
         _pools[key] = pool
         pool.start()
+        if oversubscribed(world_size, threads):
+            print(oversubscribed_notice(world_size, threads), flush=True)
     _pools.move_to_end(key)
     return pool
+
+
+def oversubscribed_notice(world_size: int, threads: int) -> str:
+    """The one line a cell shows when its world has more ranks than cores to run them."""
+    return (
+        f"helpers.launch: {world_size} ranks × {threads} thread{'s' if threads > 1 else ''} on "
+        f"{cpu_count()} cores is OVERSUBSCRIBED: ranks take turns on the cores, so its timings "
+        "are not scaling (they are marked oversubscribed)."
+    )
 
 
 def _retire(pool) -> None:

@@ -17,36 +17,49 @@ def _axes(ax=None, figsize=(6, 4)):
 
 
 def speedup(rows: list[dict], time_key: str = "time", group: str | None = "batch_size", ax=None):
-    """Speedup T(1)/T(n) and efficiency vs workers, one line per ``group`` value, ideal dashed.
+    """Speedup T(1)/T(n) vs workers, one line per ``group`` value, ideal dashed.
 
-    ``rows``: dicts with 'world_size' and ``time_key`` (seconds for the same work: strong scaling).
+    ``rows``: dicts with 'world_size' and either 'speedup' (with optional 'speedup_lo' and
+    'speedup_hi': the range the repeats allow, drawn as error bars) or ``time_key`` (seconds
+    for the same work, speedup computed here). Rows marked 'oversubscribed' (more ranks than
+    cores) are drawn hollow, labelled, and left off the efficiency labels: not scaling.
     """
     ax = _axes(ax)
-    series = defaultdict(dict)
+    series = defaultdict(list)
     for r in rows:
-        series[r.get(group) if group else None][r["world_size"]] = r[time_key]
+        series[r.get(group) if group else None].append(r)
     ns = sorted({r["world_size"] for r in rows})
     ax.plot(ns, ns, "k--", label="ideal (speedup = n)")
-    for key, times in sorted(series.items(), key=lambda kv: str(kv[0])):
-        base = times.get(1) or times[min(times)] * min(times)
-        xs = sorted(times)
-        sp = [base / times[n] for n in xs]
+    for key, rs in sorted(series.items(), key=lambda kv: str(kv[0])):
+        rs = sorted(rs, key=lambda r: r["world_size"])
+        if "speedup" in rs[0]:
+            sp = [r["speedup"] for r in rs]
+        else:
+            times = {r["world_size"]: r[time_key] for r in rs}
+            base = times.get(1) or times[min(times)] * min(times)
+            sp = [base / r[time_key] for r in rs]
+        xs = [r["world_size"] for r in rs]
+        lo = [s - r.get("speedup_lo", s) for s, r in zip(sp, rs, strict=True)]
+        hi = [r.get("speedup_hi", s) - s for s, r in zip(sp, rs, strict=True)]
         label = f"{group}={key}" if group else "measured"
-        line = ax.plot(xs, sp, "o-", label=label)[0]
-        for n, s in zip(xs, sp, strict=True):
+        bars = ax.errorbar(xs, sp, yerr=[lo, hi], fmt="o-", capsize=4, label=label)
+        color = bars[0].get_color()
+        for n, s, r in zip(xs, sp, rs, strict=True):
+            if r.get("oversubscribed"):
+                ax.plot([n], [s], "o", markersize=11, mfc="none", mec="red")
+                text = "oversubscribed"
+            else:
+                text = f"{s / n:.0%}"
             ax.annotate(
-                f"{s / n:.0%}",
-                (n, s),
-                textcoords="offset points",
-                xytext=(4, -12),
-                fontsize=8,
-                color=line.get_color(),
+                text, (n, s), textcoords="offset points", xytext=(6, -12), fontsize=8, color=color
             )
+    if any(r.get("oversubscribed") for r in rows):
+        ax.plot([], [], "o", mfc="none", mec="red", label="oversubscribed: not scaling")
     ax.set_xlabel("workers (ranks)")
     ax.set_ylabel("speedup T(1) / T(n)")
     ax.set_xticks(ns)
-    ax.margins(x=0.1)  # room for the efficiency labels at the last point
-    ax.set_title("Strong scaling (labels: efficiency = speedup / n)")
+    ax.margins(x=0.15)  # room for the labels at the last point
+    ax.set_title("Speedup, median of repeats (bars: min-max; labels: efficiency)")
     ax.legend(fontsize=8)
     return ax
 

@@ -20,6 +20,7 @@ overlapping could not hide. Always exposed ≤ comm. Introduced in lab 01.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -49,6 +50,8 @@ class StepTimer:
 
         self.cuda = device is not None and torch.device(device).type == "cuda"
         self.comm = comm
+        # Set by the launcher (or init_rank under torchrun): this rank shares its cores.
+        self.oversubscribed = os.environ.get("HELPERS_OVERSUBSCRIBED") == "1"
         self.records: list[dict] = []
         self._marks: list[tuple[str, float, object]] = []
 
@@ -102,16 +105,44 @@ class StepTimer:
             steps = [s for s in self.comm.per_step() if s["step"] == self.comm.step]
             rec["comm_bytes"] = steps[0]["sent_bytes"] if steps else 0
         rec["compute"] = rec["total"] - rec.get("data", 0.0) - rec["exposed_comm_s"]
+        rec["oversubscribed"] = self.oversubscribed
         self.records.append(rec)
         self._marks = []
         return rec
 
 
+def _numeric(records: list[dict]) -> list[str]:
+    return [
+        k
+        for k, v in records[0].items()
+        if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
+    ]
+
+
 def mean_step(records: list[dict], skip: int = 1) -> dict:
     """Mean of each field over the steps, skipping the first ``skip`` (warm-up) steps."""
     use = records[skip:] or records
-    keys = [k for k in use[0] if k != "step" and isinstance(use[0][k], (int, float))]
-    return {k: statistics.fmean(r[k] for r in use if k in r) for k in keys}
+    return {k: statistics.fmean(r[k] for r in use if k in r) for k in _numeric(use)}
+
+
+def median_step(records: list[dict], skip: int = 1) -> dict:
+    """Median of each field over the steps after ``skip`` warm-up steps: one slow step (a
+    context switch on a shared machine) moves a mean, not a median."""
+    use = records[skip:] or records
+    return {k: statistics.median(r[k] for r in use if k in r) for k in _numeric(use)}
+
+
+def spread(values) -> dict:
+    """{'median', 'min', 'max', 'n'} of repeated measurements: what a table and an error bar show."""
+    values = list(values)
+    if not values:
+        raise ValueError("spread() of no measurements: run the configuration at least once")
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }
 
 
 def summarize(per_rank: list[list[dict]], skip: int = 1) -> list[dict]:

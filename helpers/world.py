@@ -21,31 +21,87 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-def thread_budget(local_world_size: int, threads: int | None = None) -> int:
-    """Threads per rank: ``threads`` if given, else the node's cores shared out (at least 1).
+def thread_budget(local_world_size: int = 1, threads: int | None = None) -> int:
+    """Threads per CPU rank: ``threads`` if given, else $HELPERS_THREADS, else 1.
 
-    N ranks each using every core thrash: on 2 cores, 4 ranks × 2 threads run slower than 1 rank.
+    The course's device model: one CPU rank plays one device with a fixed budget of cores, the
+    same at every world size (the 1-rank baseline included). Sharing the machine's cores out
+    instead (cores // world_size) would give the baseline all the hardware and 2 ranks half
+    each, so "1 rank vs 2" would compare the same hardware and a scaling plot would show only
+    overhead. ``local_world_size`` is kept for callers that pass it; it no longer matters.
     """
-    if threads is not None:
-        if int(threads) < 1:
-            raise ValueError(f"threads must be at least 1, not {threads!r}")
-        return int(threads)
-    return max(1, cpu_count() // max(1, local_world_size))
+    if threads is None:
+        threads = os.environ.get("HELPERS_THREADS", 1)
+    try:
+        n = int(threads)
+    except (TypeError, ValueError):
+        n = 0
+    if n < 1 or isinstance(threads, bool):
+        raise ValueError(
+            f"threads must be a whole number of cores per rank, at least 1, not {threads!r} "
+            "(check $HELPERS_THREADS)"
+        )
+    return n
 
 
-def choose_backend(requested: str, local_world_size: int) -> str:
+def oversubscribed(world_size: int, threads: int = 1) -> bool:
+    """True when ``world_size`` ranks of ``threads`` cores each need more cores than we may use.
+
+    Such a world runs, but its ranks take turns on the cores: time it if you like, never call
+    it scaling. Counts the ranks on this node (a launch, or torchrun's LOCAL_WORLD_SIZE).
+    """
+    return world_size * threads > cpu_count()
+
+
+def pinned_cores(local_rank: int, local_world_size: int, threads: int) -> list[int] | None:
+    """The cores rank ``local_rank`` is pinned to: its own ``threads`` of them, or None.
+
+    Pinning keeps a rank on its "device" (no migration between cores, warm caches); an
+    oversubscribed world is not pinned, the OS spreads it best.
+    """
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # macOS: no affinity API
+        return None
+    if local_world_size * threads > len(cores):
+        return None
+    return cores[local_rank * threads : (local_rank + 1) * threads]
+
+
+def budget() -> dict:
+    """This process's device budget: threads, the cores it is pinned to, whether oversubscribed."""
+    import torch
+
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = None
+    return {
+        "threads": torch.get_num_threads(),
+        "cores": cores,
+        "oversubscribed": os.environ.get("HELPERS_OVERSUBSCRIBED") == "1",
+    }
+
+
+def choose_backend(requested: str, local_world_size: int, gpus: int | None = None) -> str:
     """Resolve ``requested`` (auto, gloo, nccl, mpi) to a backend this node can run, or explain.
 
-    auto: NCCL when every rank on this node can have a GPU of its own, gloo otherwise.
+    auto: when every rank on this node can have a GPU of its own, one group with two backends,
+    "cpu:gloo,cuda:nccl": collectives on CUDA tensors go through NCCL, those on CPU tensors
+    through gloo, so a notebook's CPU demos stay correct unchanged on a GPU node. Otherwise
+    gloo. ``gpus`` overrides the GPU count (tests simulate a GPU node with it).
     """
     import torch
     import torch.distributed as dist
 
     if requested not in BACKENDS:
         raise ValueError(f"backend={requested!r} is not one of {', '.join(BACKENDS)}")
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus is None:
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if requested == "auto":
-        return "nccl" if dist.is_nccl_available() and gpus >= local_world_size else "gloo"
+        if dist.is_nccl_available() and gpus >= local_world_size:
+            return "cpu:gloo,cuda:nccl" if dist.is_gloo_available() else "nccl"
+        return "gloo"
     if requested == "nccl":
         if not dist.is_nccl_available():
             raise RuntimeError(
@@ -66,6 +122,11 @@ def choose_backend(requested: str, local_world_size: int) -> str:
             "conda builds have none. Use 'gloo' (CPU) or 'nccl' (GPUs)."
         )
     return requested
+
+
+def uses_nccl(backend: str) -> bool:
+    """Whether CUDA tensors go through NCCL under ``backend`` (e.g. "cpu:gloo,cuda:nccl")."""
+    return "nccl" in str(backend)
 
 
 def use_loopback() -> None:
@@ -101,12 +162,23 @@ def init_rank(
 
     n_threads = thread_budget(local_world_size, threads)
     torch.set_num_threads(n_threads)
+    over = oversubscribed(local_world_size, n_threads)
+    os.environ["HELPERS_OVERSUBSCRIBED"] = "1" if over else "0"
+    cores = pinned_cores(local_rank, local_world_size, n_threads)
+    if cores:
+        os.sched_setaffinity(0, cores)  # this rank's "device": its own cores
     chosen = choose_backend(backend, local_world_size)
-    if chosen == "nccl":
+    if uses_nccl(chosen):
         torch.cuda.set_device(local_rank)  # each rank pinned to its own GPU
     kwargs = {"store": store} if store is not None else {"init_method": "env://"}
     dist.init_process_group(chosen, rank=rank, world_size=world_size, timeout=timeout, **kwargs)
-    return {"backend": chosen, "threads": n_threads, "device": str(device())}
+    return {
+        "backend": chosen,
+        "threads": n_threads,
+        "cores": cores,
+        "oversubscribed": over,
+        "device": str(device()),
+    }
 
 
 def rank() -> int:

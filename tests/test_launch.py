@@ -394,11 +394,86 @@ def test_calling_init_process_group_inside_says_it_is_already_done():
 # 10. devices and threads ---------------------------------------------------------------------
 
 
-def test_each_cpu_rank_gets_its_share_of_the_cores():
-    cores = helpers.world.cpu_count()
-    for n in (1, 2, 4):
-        assert helpers.launch(torch.get_num_threads, world_size=n) == [max(1, cores // n)] * n
+def test_a_cpu_rank_is_one_device_with_the_same_budget_at_every_world_size():
+    # The 1-rank baseline gets what each rank of a larger world gets: one core, by default.
+    for n in (1, 2):
+        assert helpers.launch(torch.get_num_threads, world_size=n) == [1] * n
     assert helpers.launch(torch.get_num_threads, world_size=2, threads=3) == [3, 3]
+
+
+def test_ranks_are_pinned_to_distinct_cores_unless_oversubscribed(capsys):
+    cores = helpers.world.cpu_count()
+    if cores < 2:
+        pytest.skip("needs 2 cores")
+    budgets = helpers.launch(helpers.world.budget, world_size=2)
+    assert [len(b["cores"]) for b in budgets] == [1, 1]
+    assert budgets[0]["cores"] != budgets[1]["cores"]
+    assert not any(b["oversubscribed"] for b in budgets)
+    assert "OVERSUBSCRIBED" not in capsys.readouterr().out
+
+    n = cores + 1  # one rank more than there are cores
+    budgets = helpers.launch(helpers.world.budget, world_size=n)
+    assert all(b["oversubscribed"] and len(b["cores"]) == cores for b in budgets)
+    out = capsys.readouterr().out
+    assert f"{n} ranks × 1 thread on {cores} cores is OVERSUBSCRIBED" in out
+    helpers.launch(helpers.world.budget, world_size=n)  # a warm pool says it once, not per launch
+    assert "OVERSUBSCRIBED" not in capsys.readouterr().out
+
+
+def test_timing_records_carry_the_oversubscribed_mark():
+    def one_step():
+        timer = helpers.StepTimer()
+        timer.start()
+        timer.mark("forward")
+        return timer.stop()["oversubscribed"]
+
+    n = helpers.world.cpu_count() + 1
+    assert helpers.launch(one_step, world_size=n, output="none") == [True] * n
+    assert helpers.launch(one_step, world_size=1) == [False]
+
+
+def test_thread_budget_rejects_nonsense(monkeypatch):
+    with pytest.raises(ValueError, match="threads must be a whole number of cores per rank"):
+        helpers.world.thread_budget(1, 0)
+    monkeypatch.setenv("HELPERS_THREADS", "two")
+    with pytest.raises(ValueError, match=r"check \$HELPERS_THREADS"):
+        helpers.world.thread_budget(1)
+    monkeypatch.setenv("HELPERS_THREADS", "2")
+    assert helpers.world.thread_budget(4) == 2
+
+
+@pytest.mark.parametrize(
+    "requested, gpus, ranks, chosen",
+    [
+        ("auto", 0, 2, "gloo"),
+        ("auto", 1, 2, "gloo"),  # fewer GPUs than ranks: no NCCL
+        ("auto", 2, 2, "cpu:gloo,cuda:nccl"),  # CPU tensors keep working beside NCCL
+        ("auto", 8, 4, "cpu:gloo,cuda:nccl"),
+        ("nccl", 2, 2, "nccl"),  # asked for explicitly: NCCL alone
+        ("gloo", 8, 2, "gloo"),
+    ],
+)
+def test_backend_selection_on_a_simulated_gpu_node(requested, gpus, ranks, chosen):
+    if "nccl" in chosen and not dist.is_nccl_available():
+        pytest.skip("this torch has no NCCL")
+    assert helpers.world.choose_backend(requested, ranks, gpus=gpus) == chosen
+
+
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 1, reason="NCCL needs a GPU (runs on a GPU node, not in CI)"
+)
+def test_auto_on_a_gpu_node_serves_cpu_and_cuda_tensors():
+    # What a GPU node runs under backend="auto": CPU demos and CUDA tensors in one group.
+    def both():
+        t = torch.tensor([dist.get_rank() + 1.0])
+        dist.all_reduce(t)  # gloo
+        c = torch.ones(1, device=helpers.device())
+        dist.all_reduce(c)  # nccl
+        return dist.get_backend(), t.item(), c.item()
+
+    n = torch.cuda.device_count()
+    got = helpers.launch(both, world_size=n)
+    assert all("nccl" in b and t == n * (n + 1) / 2 and c == n for b, t, c in got), got
 
 
 @pytest.mark.skipif(
