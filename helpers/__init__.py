@@ -1,14 +1,28 @@
 """The course's helper library: ``import helpers`` in any notebook.
 
 - ``launch(fn, *args, world_size=N)`` / ``shutdown()``: run a notebook function on N ranks.
-- measuring: ``StepTimer`` (timing), ``CommRecorder`` (comm), ``trace`` (tracing),
+- the device model (world): one CPU rank plays one device with a fixed core budget (default 1).
+- measuring: ``StepTimer`` (timing), ``CommRecorder`` (comm), ``trace`` (tracing), repeats and
+  spread (``scaling``, ``timing.spread``),
   ``benchmark_collectives`` (bench), ``bandwidth``, ``costmodel``, ``memory_limit`` (memory),
   ``plots``.
 - ``rank()``, ``world_size()``, ``local_rank()``, ``is_main()``, ``print0()``, ``device()``:
   the same answers under launch, under torchrun, and in a plain process.
 """
 
-from helpers import bandwidth, bench, costmodel, data, memory, models, plots, ring, timing, world
+from helpers import (
+    bandwidth,
+    bench,
+    costmodel,
+    data,
+    memory,
+    models,
+    plots,
+    ring,
+    scaling,
+    timing,
+    world,
+)
 from helpers.bench import benchmark_collectives, memcpy_bandwidth
 from helpers.comm import CommRecorder
 from helpers.costmodel import predict_step
@@ -29,6 +43,7 @@ __all__ = [
     "data",
     "models",
     "ring",
+    "scaling",
     "memcpy_bandwidth",
     "memory",
     "memory_limit",

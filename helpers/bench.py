@@ -106,8 +106,10 @@ def sweep(
     import torch.distributed as dist
 
     from helpers.world import device as this_device
+    from helpers.world import uses_nccl
 
-    device = this_device() if dist.get_backend() == "nccl" else _cpu()
+    # Under "cpu:gloo,cuda:nccl" (auto on a GPU node) measure NCCL, on the rank's GPU.
+    device = this_device() if uses_nccl(dist.get_backend()) else _cpu()
     n = dist.get_world_size()
     records = []
     for op in ops:
