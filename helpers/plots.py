@@ -85,6 +85,46 @@ def comm_bars(rows: list[dict], label: str = "world_size", ax=None):
     return ax
 
 
+def overlap(record: dict, ax=None):
+    """One DDP step on one time axis: its phases above, each bucket's all-reduce below.
+
+    ``record``: a StepTimer record made with ``comm=`` (it keeps 'spans' and 'buckets'). A bucket
+    drawn under the backward bar was hidden by it; what sticks out past backward is exposed.
+    """
+    import matplotlib.pyplot as plt
+
+    ax = _axes(ax, figsize=(8, 2.2))
+    t0 = record["spans"][0][1]
+    colors = dict(
+        zip(("data", "forward", "backward", "optimizer"), plt.cm.Pastel1.colors, strict=False)
+    )
+    for name, start, end in record["spans"]:
+        ax.broken_barh(
+            [(1e3 * (start - t0), 1e3 * (end - start))],
+            (1.1, 0.8),
+            facecolors=colors.get(name, "0.8"),
+            edgecolor="k",
+            linewidth=0.3,
+        )
+        ax.text(1e3 * ((start + end) / 2 - t0), 1.5, name, ha="center", va="center", fontsize=7)
+    for i, (start, end) in enumerate(record.get("buckets", [])):
+        ax.broken_barh(
+            [(1e3 * (start - t0), 1e3 * (end - start))],
+            (0.1, 0.8),
+            facecolors="tab:red",
+            alpha=0.5 + 0.5 * (i % 2),
+            edgecolor="k",
+            linewidth=0.3,
+        )
+    ax.set_yticks([0.5, 1.5], ["all-reduce\n(per bucket)", "compute"])
+    ax.set_xlabel("time since the step began (ms)")
+    exposed = record.get("exposed_comm_s", 0.0)
+    comm = record.get("comm_s", 0.0)
+    hidden = f"{1 - exposed / comm:.0%} hidden behind backward" if comm else "no communication"
+    ax.set_title(f"One DDP step: {len(record.get('buckets', []))} buckets, {hidden}", fontsize=9)
+    return ax
+
+
 def busbw(records: list[dict], fits: dict | None = None, ax=None):
     """Bus bandwidth vs message size (log-log), one line per (op, world size); fitted α-β dashed.
 

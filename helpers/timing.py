@@ -15,7 +15,9 @@ step synchronises before reading them (a GPU call returns before its work is don
 does not wait measures the launch, not the work). Communication: ``comm_s`` is the wall time
 during which any bucket was being all-reduced; ``exposed_comm_s`` is the part of it after the
 last bucket became ready, when backward had nothing left to compute: the communication that
-overlapping could not hide. Always exposed ≤ comm. Introduced in lab 01.
+overlapping could not hide. Always exposed ≤ comm. ``overlap_fraction`` is the part that was
+hidden: 1 − exposed / comm. Each record also keeps its phases' host-clock ``spans`` and the
+``buckets``' (start, end), for ``plots.overlap``. Introduced in lab 01.
 """
 
 from __future__ import annotations
@@ -88,16 +90,20 @@ class StepTimer:
             import torch
 
             torch.cuda.synchronize()
-        rec = {"step": len(self.records)}
+        rec = {"step": len(self.records), "spans": []}
         for (_, t0, e0), (name, t1, e1) in zip(self._marks, self._marks[1:], strict=False):
             seconds = e0.elapsed_time(e1) / 1e3 if self.cuda else t1 - t0
             rec[name] = rec.get(name, 0.0) + seconds
+            # Host-clock (start, end) of each phase, on the same clock as the comm intervals,
+            # so backward and the buckets' all-reduces can be drawn on one time axis.
+            rec["spans"].append((name, t0, t1))
         first, last = self._marks[0], self._marks[-1]
         rec["total"] = first[2].elapsed_time(last[2]) / 1e3 if self.cuda else last[1] - first[1]
         rec["comm_s"] = rec["exposed_comm_s"] = 0.0
         if self.comm is not None:
             intervals = self.comm.intervals(self.comm.step)
             bwd_end = next((t for name, t, _ in self._marks if name == "backward"), last[1])
+            rec["buckets"] = sorted(intervals)
             if intervals:
                 last_ready = max(s for s, _ in intervals)
                 rec["comm_s"] = union_length(intervals)
@@ -130,6 +136,13 @@ def median_step(records: list[dict], skip: int = 1) -> dict:
     context switch on a shared machine) moves a mean, not a median."""
     use = records[skip:] or records
     return {k: statistics.median(r[k] for r in use if k in r) for k in _numeric(use)}
+
+
+def overlap_fraction(records: list[dict], skip: int = 1) -> float:
+    """Share of communication time hidden behind backward, over the steps after ``skip``."""
+    use = records[skip:] or records
+    comm = sum(r["comm_s"] for r in use)
+    return 1.0 - sum(r["exposed_comm_s"] for r in use) / comm if comm else 0.0
 
 
 def spread(values) -> dict:

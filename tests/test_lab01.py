@@ -1,54 +1,305 @@
-"""Lab 01 end to end: its student version is graded like a student's, correct and unfinished."""
+"""Lab 01 end to end: graded like a student's — perfect, unfinished, and plausibly wrong.
+
+The wrong answers are the ones a student would write (an off-by-one search, DistributedSampler
+wrapped, a sum that is never divided, the speedup against the wrong baseline, MiB for MB, ...).
+Each submission carries wrong answers for some questions and right ones for the others, so the
+test also shows that a wrong answer costs only its own question's points.
+"""
 
 from __future__ import annotations
 
 import shutil
+import textwrap
 
 import nbformat
 import pytest
 
+from course import cells
 from course.grade import Limits, grade
 from course.syllabus import REPO, load_syllabus
 
 LAB = REPO / "solutions" / "lab01_ddp_scaling.ipynb"
+STUDENT = REPO / "labs" / "lab01_ddp_scaling.ipynb"
 AUTO = {
+    "test_largest_fitting_batch": 2,
     "test_shard_indices": 2,
     "test_average_gradients": 3,
     "test_speedup_table": 2,
     "test_bytes_theory": 2,
     "test_resnet18_prediction": 2,
 }
-MANUAL = {"answer_gap", "answer_gradients", "answer_slower"}
+MANUAL = {
+    "answer_strong_weak",
+    "answer_bandwidth",
+    "answer_gap",
+    "answer_gradients",
+    "answer_slower",
+}
+
+# solution cell grade_id -> its test's grade_id, and the wrong answers students write.
+WRONG = {
+    "largest_fitting_batch": (
+        "test_largest_fitting_batch",
+        [
+            """
+            def largest_fitting_batch(fits, start=32, limit=None):
+                batch = start                      # returns the first batch that did NOT fit
+                while (limit is None or batch <= limit) and fits(batch):
+                    batch *= 2
+                return batch
+            """,
+            """
+            def largest_fitting_batch(fits, start=32, limit=None):
+                best, batch = start, start         # start even when it does not fit; no limit
+                while fits(batch) and batch < 2**20:
+                    best, batch = batch, 2 * batch
+                return best
+            """,
+            """
+            def largest_fitting_batch(fits, start=32, limit=None):
+                best, batch = None, start          # a linear search: start, 2·start, 3·start ...
+                while (limit is None or batch <= limit) and fits(batch):
+                    best, batch = batch, batch + start
+                return best
+            """,
+        ],
+    ),
+    "shard_indices": (
+        "test_shard_indices",
+        [
+            """
+            def shard_indices(n, rank, world_size, epoch=0, shuffle=True, seed=0):
+                from torch.utils.data import DistributedSampler
+                s = DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed)
+                s.set_epoch(epoch)
+                return list(s)
+            """,
+            """
+            def shard_indices(n, rank, world_size, epoch=0, shuffle=True, seed=0):
+                g = torch.Generator(); g.manual_seed(seed + epoch)
+                order = torch.randperm(n, generator=g).tolist() if shuffle else list(range(n))
+                total = math.ceil(n / world_size) * world_size
+                order += order[: total - n]
+                return order[rank:total:world_size]          # strided, not contiguous
+            """,
+            """
+            def shard_indices(n, rank, world_size, epoch=0, shuffle=True, seed=0):
+                g = torch.Generator(); g.manual_seed(seed + epoch)
+                order = torch.randperm(n, generator=g).tolist() if shuffle else list(range(n))
+                m = n // world_size                             # drops the remainder, no padding
+                return order[rank * m : (rank + 1) * m]
+            """,
+            """
+            def shard_indices(n, rank, world_size, epoch=0, shuffle=True, seed=0):
+                g = torch.Generator(); g.manual_seed(seed)      # forgets the epoch
+                order = torch.randperm(n, generator=g).tolist() if shuffle else list(range(n))
+                m = math.ceil(n / world_size)
+                order += (order * m)[: m * world_size - n]
+                return order[rank * m : (rank + 1) * m]
+            """,
+        ],
+    ),
+    "average_gradients": (
+        "test_average_gradients",
+        [
+            """
+            def average_gradients(model):
+                for p in model.parameters():
+                    dist.all_reduce(p.grad)                     # a sum, never divided
+            """,
+            """
+            def average_gradients(model):
+                for p in model.parameters():
+                    p.grad /= dist.get_world_size()             # divided, never communicated
+            """,
+            """
+            def average_gradients(model):
+                for p in model.parameters():                    # only rank 0 gets the sum
+                    dist.reduce(p.grad, dst=0)
+                    p.grad /= dist.get_world_size()
+            """,
+            """
+            def average_gradients(model):
+                for p in model.parameters():                    # averages the weights instead
+                    dist.all_reduce(p.data)
+                    p.data /= dist.get_world_size()
+            """,
+            """
+            def average_gradients(model):
+                p = next(model.parameters())                    # only the first parameter
+                dist.all_reduce(p.grad)
+                p.grad /= dist.get_world_size()
+            """,
+        ],
+    ),
+    "speedup_table": (
+        "test_speedup_table",
+        [
+            """
+            def speedup_table(epoch_times):                     # one baseline for every batch
+                import statistics
+                smallest = min(bs for _, bs in epoch_times)
+                base = epoch_times[(1, smallest)]
+                rows = []
+                for (ws, bs), t in sorted(epoch_times.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+                    s = statistics.median(base) / statistics.median(t)
+                    rows.append({"batch_size": bs, "world_size": ws, "global_batch": ws * bs,
+                                 "time": statistics.median(t), "speedup": s, "efficiency": s / ws,
+                                 "speedup_lo": min(base) / max(t), "speedup_hi": max(base) / min(t)})
+                return rows
+            """,
+            """
+            def speedup_table(epoch_times):                     # means, not medians
+                import statistics
+                rows = []
+                for (ws, bs), t in sorted(epoch_times.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+                    base = epoch_times[(1, bs)]
+                    s = statistics.fmean(base) / statistics.fmean(t)
+                    rows.append({"batch_size": bs, "world_size": ws, "global_batch": ws * bs,
+                                 "time": statistics.fmean(t), "speedup": s, "efficiency": s / ws,
+                                 "speedup_lo": min(base) / max(t), "speedup_hi": max(base) / min(t)})
+                return rows
+            """,
+            """
+            def speedup_table(epoch_times):                     # the range from the extremes alike
+                import statistics
+                rows = []
+                for (ws, bs), t in sorted(epoch_times.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+                    base = epoch_times[(1, bs)]
+                    s = statistics.median(base) / statistics.median(t)
+                    rows.append({"batch_size": bs, "world_size": ws, "global_batch": ws * bs,
+                                 "time": statistics.median(t), "speedup": s, "efficiency": s / ws,
+                                 "speedup_lo": min(base) / min(t), "speedup_hi": max(base) / max(t)})
+                return rows
+            """,
+            """
+            def speedup_table(epoch_times):                     # per-rank batch as the global one
+                import statistics
+                rows = []
+                for (ws, bs), t in sorted(epoch_times.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+                    base = epoch_times[(1, bs)]
+                    s = statistics.median(base) / statistics.median(t)
+                    rows.append({"batch_size": bs, "world_size": ws, "global_batch": bs,
+                                 "time": statistics.median(t), "speedup": s, "efficiency": s / ws,
+                                 "speedup_lo": min(base) / max(t), "speedup_hi": max(base) / min(t)})
+                return rows
+            """,
+        ],
+    ),
+    "bytes_theory": (
+        "test_bytes_theory",
+        [
+            """
+            def allreduce_bytes_per_step(model):                # frozen parameters counted too
+                return 4 * sum(p.numel() for p in model.parameters())
+
+            def ring_bytes_per_rank(nbytes, world_size):
+                return 2 * (world_size - 1) / world_size * nbytes
+            """,
+            """
+            def allreduce_bytes_per_step(model):
+                return 4 * sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+            def ring_bytes_per_rank(nbytes, world_size):       # reduce-scatter only
+                return (world_size - 1) / world_size * nbytes
+            """,
+            """
+            def allreduce_bytes_per_step(model):
+                return 4 * sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+            def ring_bytes_per_rank(nbytes, world_size):       # "twice the data", whatever n
+                return 2 * nbytes
+            """,
+        ],
+    ),
+    "resnet18_prediction": (
+        "test_resnet18_prediction",
+        [
+            "resnet18_mb_per_rank = 4 * 11_689_512 / 1e6              # no ring factor",
+            "resnet18_mb_per_rank = 2 * 3 / 4 * 4 * 11_689_512 / 2**20  # MiB, not MB",
+            "resnet18_mb_per_rank = 2 * 3 / 4 * 11_689_512 / 1e6      # parameters, not bytes",
+            "resnet18_mb_per_rank = 2 * 4 * 11_689_512 / 1e6          # 2S, no (n-1)/n",
+        ],
+    ),
+}
+
+
+def wrong_submissions() -> dict[str, dict[str, str]]:
+    """{name: {solution grade_id: wrong source}}: variant v of every other question, so that
+    each submission is wrong in about half the questions and right in the rest."""
+    subs = {}
+    order = list(WRONG)
+    most = max(len(variants) for _, variants in WRONG.values())
+    for v in range(most):
+        for parity in (0, 1):
+            chosen = {
+                gid: textwrap.dedent(WRONG[gid][1][v]).strip()
+                for i, gid in enumerate(order)
+                if i % 2 == parity and v < len(WRONG[gid][1])
+            }
+            if chosen:
+                subs[f"wrong{v}{'ab'[parity]}"] = chosen
+    return subs
+
+
+def write_submission(path, replace: dict[str, str]) -> None:
+    nb = nbformat.read(LAB, as_version=4)
+    for cell in nb.cells:
+        gid = cells.grade_id(cell)
+        if gid in replace:
+            cell.source = replace[gid]
+    nbformat.write(nb, path)
+
+
+def test_every_question_has_wrong_answers_that_differ_from_the_solution():
+    solution = {cells.grade_id(c): c.source for c in nbformat.read(LAB, as_version=4).cells}
+    assert {test for test, _ in WRONG.values()} == set(AUTO)
+    for gid, (_, variants) in WRONG.items():
+        assert gid in solution and len(variants) >= 3, gid
+    covered = {gid for sub in wrong_submissions().values() for gid in sub}
+    assert covered == set(WRONG)
 
 
 def test_the_unfinished_student_version_says_what_to_do():
-    student = nbformat.read(REPO / "labs" / "lab01_ddp_scaling.ipynb", as_version=4)
+    student = nbformat.read(STUDENT, as_version=4)
     stubs = [c.source for c in student.cells if "NotImplementedError" in c.source]
-    # shard_indices, average_gradients, speedup_table, bytes_theory (two functions), the prediction
-    assert len(stubs) == 5
+    # largest batch, shard_indices, average_gradients, speedup_table, bytes (2 functions), prediction
+    assert len(stubs) == 6
     assert all("replace this line with your solution" in s for s in stubs)
     assert not any(
         "BEGIN HIDDEN TESTS" in c.source or "BEGIN SOLUTION" in c.source for c in student.cells
     )
+    # Every cell a graded test relies on is locked: the setup, the runs, the helpers it calls.
+    locked = {cells.grade_id(c) for c in student.cells if cells.is_locked(c)}
+    assert {"lab01_setup", "one_device", "train_three_ways", "ddp_runs"} <= locked
+    assert set(AUTO) <= locked
 
 
-@pytest.mark.slow
-def test_grading_the_solution_and_the_unfinished_lab(tmp_path):
-    subs = tmp_path / "subs"
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """Grade the solution, the untouched student version and every wrong submission, once."""
+    tmp = tmp_path_factory.mktemp("lab01")
+    subs = tmp / "subs"
     subs.mkdir()
     shutil.copy(LAB, subs / "perfect.ipynb")  # the solution is a perfect submission
-    shutil.copy(REPO / "labs" / "lab01_ddp_scaling.ipynb", subs / "untouched.ipynb")
+    shutil.copy(STUDENT, subs / "untouched.ipynb")
+    for name, replace in wrong_submissions().items():
+        write_submission(subs / f"{name}.ipynb", replace)
     quick = next(e for e in load_syllabus() if e.path == LAB).parameters("quick")
-    results = grade(
+    return grade(
         LAB,
         subs,
-        tmp_path / "out",
+        tmp / "out",
         jobs=2,
         parameters=quick,
         progress=False,
-        limits=Limits(cell_timeout=120, budget=300),
+        limits=Limits(cell_timeout=120, budget=400),
     )
-    perfect, untouched = results["perfect"], results["untouched"]
+
+
+@pytest.mark.slow
+def test_the_solution_scores_every_automatic_point_and_the_unfinished_lab_none(graded):
+    perfect, untouched = graded["perfect"], graded["untouched"]
     assert perfect.status == "graded" and untouched.status == "graded", (
         perfect.reason,
         untouched.reason,
@@ -56,7 +307,18 @@ def test_grading_the_solution_and_the_unfinished_lab(tmp_path):
     assert {g: perfect.scores[g] for g in AUTO} == {g: float(p) for g, p in AUTO.items()}, (
         perfect.errors
     )
-    assert perfect.total == sum(AUTO.values()) == 11
+    assert perfect.total == sum(AUTO.values()) == 13
     assert all(perfect.scores[g] is None for g in MANUAL)  # written answers wait for a person
     assert untouched.total == 0.0
     assert "NotImplementedError" in untouched.errors["test_shard_indices"]
+
+
+@pytest.mark.slow
+def test_each_plausible_wrong_answer_loses_its_points_and_only_those(graded):
+    for name, replace in wrong_submissions().items():
+        result = graded[name]
+        assert result.status == "graded", (name, result.reason)
+        wrong_tests = {WRONG[gid][0] for gid in replace}
+        for test, points in AUTO.items():
+            want = 0.0 if test in wrong_tests else float(points)
+            assert result.scores[test] == want, (name, test, result.scores, result.errors)
