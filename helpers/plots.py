@@ -67,7 +67,9 @@ def speedup(rows: list[dict], time_key: str = "time", group: str | None = "batch
 def comm_bars(rows: list[dict], label: str = "world_size", ax=None):
     """Stacked bars per ``label``: compute, exposed communication, data (seconds per step)."""
     ax = _axes(ax)
-    labels = [str(r[label]) for r in rows]
+    labels = [
+        str(r[label]) + ("\n(oversubscribed)" if r.get("oversubscribed") else "") for r in rows
+    ]
     bottom = [0.0] * len(rows)
     for key, name in (
         ("compute", "compute"),
@@ -208,7 +210,10 @@ def heatmap(
 
 
 def predicted_vs_measured(predicted: list[dict], measured: list[dict], key: str = "step", ax=None):
-    """Step time vs world size: the cost model's prediction against the measurement."""
+    """Step time vs world size: the cost model's prediction against the measurement.
+
+    Measured rows marked 'oversubscribed' are circled: ranks sharing cores, not the model's world.
+    """
     ax = _axes(ax)
     for rows, style, name in (
         (measured, "o-", "measured"),
@@ -216,6 +221,17 @@ def predicted_vs_measured(predicted: list[dict], measured: list[dict], key: str 
     ):
         rows = sorted(rows, key=lambda r: r["world_size"])
         ax.plot([r["world_size"] for r in rows], [r[key] for r in rows], style, label=name)
+    over = [r for r in measured if r.get("oversubscribed")]
+    if over:
+        ax.plot(
+            [r["world_size"] for r in over],
+            [r[key] for r in over],
+            "o",
+            markersize=11,
+            mfc="none",
+            mec="red",
+            label="oversubscribed: not scaling",
+        )
     ax.set_xlabel("workers (ranks)")
     ax.set_ylabel("time per step (s)")
     ax.set_xticks(sorted({r["world_size"] for r in measured + predicted}))
