@@ -165,7 +165,8 @@ def _get_pool(world_size: int, backend: str, threads: int):
         _pools[key] = pool
         pool.start()
         if oversubscribed(world_size, threads):
-            print(oversubscribed_notice(world_size, threads), flush=True)
+            # stderr: a warning about the measurement, not a result (stdout stays the ranks')
+            print(oversubscribed_notice(world_size, threads), file=sys.stderr, flush=True)
     _pools.move_to_end(key)
     return pool
 
