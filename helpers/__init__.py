@@ -4,8 +4,9 @@
 - the device model (world): one CPU rank plays one device with a fixed core budget (default 1).
 - measuring: ``StepTimer`` (timing), ``CommRecorder`` (comm), ``trace`` (tracing), repeats and
   spread (``scaling``, ``timing.spread``),
-  ``benchmark_collectives`` (bench), ``bandwidth``, ``costmodel``, ``memory_limit`` (memory),
-  ``plots``.
+  ``benchmark_collectives`` and ``benchmark_spread`` (bench), ``bandwidth``, ``costmodel``,
+  ``memory_limit`` (memory), ``plots``; ``probe.support_table()``: which backend runs which
+  op, asked live.
 - ``rank()``, ``world_size()``, ``local_rank()``, ``is_main()``, ``print0()``, ``device()``:
   the same answers under launch, under torchrun, and in a plain process.
 """
@@ -18,6 +19,7 @@ from helpers import (
     memory,
     models,
     plots,
+    probe,
     ring,
     scaling,
     timing,
@@ -48,6 +50,7 @@ __all__ = [
     "memory",
     "memory_limit",
     "plots",
+    "probe",
     "predict_step",
     "timing",
     "trace",

@@ -70,8 +70,47 @@ class AlphaBeta:
     def beta_gbps(self) -> float:
         return self.beta / GB
 
+    @property
+    def algbw_gbps(self) -> float:
+        """The algbw large messages approach, S/t -> beta (GB/s): the same number as beta_gbps."""
+        return self.beta / GB
+
+    @property
+    def busbw_gbps(self) -> float:
+        """The busbw large messages approach (GB/s): beta × the op's bus factor, as plotted."""
+        return self.beta * bus_factor(self.op, self.n) / GB
+
+    @property
+    def link_latency(self) -> float:
+        """α per ring step (seconds): the fitted α shared out over the ring's steps."""
+        return self.alpha / ring_steps(self.op, self.n)
+
     def as_dict(self) -> dict:
-        return {**asdict(self), "beta_GBps": self.beta_gbps}
+        return {
+            **asdict(self),
+            "beta_GBps": self.beta_gbps,
+            "busbw_GBps": self.busbw_gbps,
+            "link_latency": self.link_latency,
+        }
+
+
+def ring_steps(op: str, n: int) -> int:
+    """Steps of the ring algorithm for ``op``: 2(n−1) for all_reduce, n−1 for all_gather etc."""
+    if op == "all_reduce":
+        return max(1, 2 * (n - 1))
+    if op in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
+        return max(1, n - 1)
+    return 1
+
+
+def ring_allreduce_time(nbytes, n: int, link_latency: float, link_bandwidth: float):
+    """Ring all-reduce seconds: 2(n−1)·α_link + 2(n−1)/n · S / B_link (B in bytes/s).
+
+    Each of the 2(n−1) steps starts one message (α_link) and moves a chunk of S/n bytes over
+    one link. So the latency term grows with n, the bandwidth term hardly does; B_link is the
+    busbw large messages reach.
+    """
+    return 2 * (n - 1) * link_latency + 2 * (n - 1) / n * nbytes / link_bandwidth
 
 
 def fit_alpha_beta(sizes, seconds, op: str = "all_reduce", n: int = 2) -> AlphaBeta:

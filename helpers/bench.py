@@ -193,3 +193,122 @@ def benchmark_collectives(
             sweep, ops, sizes, world_size=n, backend=backend, output="none", **kwargs
         )[0]
     return records
+
+
+def _time_calls(call, calls: int, device) -> list[float]:
+    """Seconds of each of ``calls`` single calls, each the slowest rank's (a barrier before each)."""
+    import torch
+    import torch.distributed as dist
+
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    times = []
+    for _ in range(calls):
+        dist.barrier()  # everyone starts together: the time is the op's, not the last arrival's
+        sync()
+        start = time.perf_counter()
+        call()
+        sync()
+        times.append(time.perf_counter() - start)
+    t = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # a collective is done when its slowest rank is
+    return t.tolist()
+
+
+def spread_sweep(op: str = "all_reduce", sizes=None, repeats: int = 3, target_s: float = 0.03):
+    """Run inside every rank: ``repeats`` rounds over all sizes (interleaved), single calls timed.
+
+    In each round every size gets about ``target_s`` of single calls (at least 15, at most 80);
+    a round's figure for a size is the median of its calls. Returns per size the round medians
+    and every call's time, so a table can show the median with its min–max and the mean beside.
+    """
+    import statistics
+
+    import torch.distributed as dist
+
+    from helpers.world import device as this_device
+    from helpers.world import uses_nccl
+
+    device = this_device() if uses_nccl(dist.get_backend()) else _cpu()
+    n = dist.get_world_size()
+    sizes = sizes or default_sizes()
+    calls_for, rounds = {}, {s: [] for s in sizes}
+    every = {s: [] for s in sizes}
+    for s in sizes:  # warm-up (excluded), and how many calls fill target_s
+        call = _op_call(op, s, device)
+        first = statistics.median(_time_calls(call, 2, device))
+        calls_for[s] = int(min(80, max(15, target_s / max(first, 1e-9))))
+    for _ in range(repeats):
+        for s in sizes:  # interleaved: a slow moment of the machine hits every size alike
+            times = _time_calls(_op_call(op, s, device), calls_for[s], device)
+            rounds[s].append(statistics.median(times))
+            every[s] += times
+    return [
+        {
+            "op": op,
+            "world_size": n,
+            "bytes": max(n, s // ELEMENT // n * n) * ELEMENT,
+            "round_medians": rounds[s],
+            "call_seconds": every[s],
+            "backend": dist.get_backend(),
+        }
+        for s in sizes
+    ]
+
+
+def benchmark_spread(
+    op: str = "all_reduce",
+    sizes=None,
+    world_sizes=(2, 4),
+    repeats: int = 3,
+    target_s: float = 0.03,
+    backend: str = "auto",
+    threads: int | None = None,
+) -> list[dict]:
+    """From the notebook: time ``op`` at each size and world size with ``repeats`` rounds.
+
+    One record per (world size, size): 'seconds' is the median of every call of every round,
+    'min_s' / 'max_s' the range of the round medians (how much a repeat moves it),
+    'mean_call_s' the plain mean of every call (outliers and all, what nccl-tests would
+    report), algbw / busbw (GB/s) from the median, and 'oversubscribed' when the world needs more
+    cores than this machine has (helpers.world.oversubscribed): those ranks take turns on the
+    cores, so the point is not a measurement of n devices. Introduced in lecture 01.
+    """
+    import statistics
+
+    from helpers.launch import launch
+    from helpers.world import oversubscribed, thread_budget
+
+    out = []
+    for n in world_sizes:
+        over = oversubscribed(n, thread_budget(n, threads))
+        rows = launch(
+            spread_sweep,
+            op,
+            sizes,
+            repeats,
+            target_s,
+            world_size=n,
+            backend=backend,
+            threads=threads,
+            output="none",
+        )[0]
+        for r in rows:
+            med = statistics.median(r["call_seconds"])
+            out.append(
+                {
+                    "op": op,
+                    "world_size": n,
+                    "bytes": r["bytes"],
+                    "seconds": med,
+                    "min_s": min(r["round_medians"]),
+                    "max_s": max(r["round_medians"]),
+                    "mean_call_s": statistics.fmean(r["call_seconds"]),
+                    "calls": len(r["call_seconds"]),
+                    "repeats": repeats,
+                    "algbw_GBps": algbw(r["bytes"], med),
+                    "busbw_GBps": algbw(r["bytes"], med) * bus_factor(op, n),
+                    "oversubscribed": over,
+                    "backend": r["backend"],
+                }
+            )
+    return out

@@ -5,7 +5,7 @@ device memory budget, so "does not fit on one device, fits when sharded" works o
         loss = model(x).sum(); loss.backward(); optimizer.step()
     budget.peak            # the largest total seen, by part
 
-On CPU the budget raises ``torch.OutOfMemoryError`` worded like CUDA's when the tracked
+On CPU the budget raises ``torch.OutOfMemoryError`` worded as CUDA words it when the tracked
 tensors exceed it: checked whenever autograd saves an activation, and at ``check()``. On a GPU
 it sets the caching allocator's real limit (``set_per_process_memory_fraction``). Sizes are
 bytes; "1.5GB" means 1.5e9 bytes, "1.5GiB" 1.5 × 2**30.
@@ -43,11 +43,12 @@ def parse_bytes(size) -> int:
 
 
 def fmt_bytes(n: float) -> str:
-    """Bytes in CUDA's style: '1.50 GiB', '20.00 MiB'."""
+    """Bytes as CUDA's allocator prints them: '1024 bytes', '62.50 KiB', '1.50 GiB'."""
+    n = int(n)
     for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
+        if n > size:  # CUDA's format_size: up to and including 1024 it is still bytes
             return f"{n / size:.2f} {unit}"
-    return f"{int(n)} bytes"
+    return f"{n} bytes"
 
 
 def _bytes(tensors) -> int:
@@ -104,6 +105,7 @@ class memory_limit:  # noqa: N801 - a context manager used like a function
         )
         self.live: dict = {}  # storage key -> bytes of saved activations still alive
         self.peak: dict = {"total": 0}
+        self._fit: dict | None = None  # the tracked tensors at the last check that fit
         self._hooks = None
 
     @property
@@ -144,24 +146,48 @@ class memory_limit:  # noqa: N801 - a context manager used like a function
         return t
 
     def check(self, incoming: int = 0) -> dict:
-        """Raise torch.OutOfMemoryError if the tracked tensors exceed the budget; return them."""
+        """Raise torch.OutOfMemoryError if the tracked tensors exceed the budget; return them.
+
+        ``incoming``: bytes of the allocation being made now (already in the tracked total).
+        Called without it, the request is whatever appeared since the last check that fit.
+        """
         import torch
 
         now = breakdown(self.model, self.optimizer, self.activations)
         if now["total"] > self.peak["total"]:
             self.peak = now
-        if now["total"] > self.limit:
-            free = max(0, self.limit - (now["total"] - incoming))
-            raise torch.OutOfMemoryError(
-                f"Simulated device out of memory (helpers.memory_limit). Tried to allocate "
-                f"{fmt_bytes(incoming)}. The device budget is {fmt_bytes(self.limit)}, of which "
-                f"{fmt_bytes(free)} was free. In use: parameters {fmt_bytes(now['parameters'])}, "
-                f"gradients {fmt_bytes(now['gradients'])}, optimizer state "
-                f"{fmt_bytes(now['optimizer_state'])}, activations {fmt_bytes(now['activations'])}. "
-                "Use a smaller batch, shard the optimizer state, gradients or parameters over ranks "
-                "(ZeRO / FSDP), or raise the budget."
-            )
-        return now
+        if now["total"] <= self.limit:
+            self._fit = now
+            return now
+        if incoming:  # the request is this activation: everything else was in use before it
+            before = {**now, "activations": now["activations"] - incoming}
+        else:  # the request is what appeared since the last check that fit
+            before = dict(self._fit or dict.fromkeys(now, 0))
+            incoming = now["total"] - before["total"]
+        before["total"] = sum(v for k, v in before.items() if k != "total")
+        raise torch.OutOfMemoryError(oom_message(incoming, self.limit, before))
+
+
+def oom_message(request: int, capacity: int, in_use: dict) -> str:
+    """CUDA's out-of-memory message for a simulated device (helpers.memory_limit).
+
+    ``in_use`` ({'parameters', 'gradients', 'optimizer_state', 'activations', 'total'}) is what
+    was allocated *before* the failing request, as CUDA counts it: free = capacity − in use,
+    and the request did not fit in it. No cache on a simulated device: nothing is reserved.
+    """
+    free = max(0, capacity - in_use["total"])
+    parts = ", ".join(
+        f"{name.replace('_', ' ')} {fmt_bytes(in_use[name])}"
+        for name in ("parameters", "gradients", "optimizer_state", "activations")
+    )
+    return (
+        f"CUDA out of memory. Tried to allocate {fmt_bytes(request)}. GPU 0 has a total capacity "
+        f"of {fmt_bytes(capacity)} of which {fmt_bytes(free)} is free. Of the allocated memory "
+        f"{fmt_bytes(in_use['total'])} is allocated by PyTorch, and 0 bytes is reserved by "
+        f"PyTorch but unallocated. In use: {parts} (simulated by helpers.memory_limit on a CPU "
+        "device). Use a smaller batch, shard the optimizer state, gradients or parameters over "
+        "ranks (ZeRO / FSDP), or raise the budget."
+    )
 
 
 BYTES_PER_PARAM = {

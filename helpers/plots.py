@@ -304,3 +304,154 @@ def ring(state: dict, ax=None):
     ax.set_yticks(range(n), [f"rank {r}" for r in range(n)])
     ax.set_title(f"{state['phase']}: cell = ranks summed into that chunk")
     return ax
+
+
+def alpha_beta(records: list[dict], fits: dict | None = None):
+    """Lecture 01's α-β figure: time and busbw vs message size, medians with min–max bars.
+
+    ``records`` from ``bench.benchmark_spread``; ``fits``: {(op, world_size): AlphaBeta}. Left:
+    time with the fit (dashed) and its two ring terms (dotted: latency 2(n−1)α, bandwidth
+    2(n−1)/n·S/B). Right: busbw with the fit and its large-message limit B. Oversubscribed
+    worlds are drawn hollow and named so. Returns the two Axes.
+    """
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from helpers.bandwidth import bus_factor, ring_steps
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    series = defaultdict(list)
+    for r in records:
+        series[(r["op"], r["world_size"])].append(r)
+    for (op, n), rs in sorted(series.items()):
+        rs = sorted(rs, key=lambda r: r["bytes"])
+        s = np.array([r["bytes"] for r in rs], dtype=float)
+        t = np.array([r["seconds"] for r in rs])
+        lo = np.array([r.get("min_s", r["seconds"]) for r in rs])
+        hi = np.array([r.get("max_s", r["seconds"]) for r in rs])
+        over = any(r.get("oversubscribed") for r in rs)
+        label = f"{op}, n={n}" + (" (oversubscribed: not n devices)" if over else "")
+        face = "none" if over else None
+        bar = left.errorbar(
+            s,
+            t * 1e3,
+            yerr=[(t - lo) * 1e3, (hi - t) * 1e3],
+            fmt="o",
+            mfc=face,
+            capsize=2,
+            markersize=4,
+            label=label,
+        )
+        color = bar[0].get_color()
+        factor = bus_factor(op, n)
+        right.errorbar(
+            s,
+            factor * s / t / 1e9,
+            yerr=[factor * s * (1 / t - 1 / hi) / 1e9, factor * s * (1 / lo - 1 / t) / 1e9],
+            fmt="o",
+            mfc=face,
+            color=color,
+            capsize=2,
+            markersize=4,
+            label=label,
+        )
+        fit = (fits or {}).get((op, n))
+        if fit is None:
+            continue
+        grid = np.geomspace(s.min(), s.max(), 60)
+        steps = ring_steps(op, n)
+        left.plot(grid, fit.predict(grid) * 1e3, "--", color=color, linewidth=1)
+        left.plot(grid, np.full_like(grid, fit.alpha * 1e3), ":", color=color, linewidth=1)
+        left.plot(grid, grid / fit.beta * 1e3, ":", color=color, linewidth=1)
+        left.annotate(
+            f"{steps}·α = {fit.alpha * 1e3:.2f} ms",
+            (grid[0], fit.alpha * 1e3),
+            fontsize=7,
+            color=color,
+            va="bottom",
+        )
+        right.plot(grid, factor * grid / fit.predict(grid) / 1e9, "--", color=color, linewidth=1)
+        right.axhline(fit.busbw_gbps, color=color, linestyle=":", linewidth=1)
+        right.annotate(
+            f"B = {fit.busbw_gbps:.2f} GB/s",
+            (grid[0], fit.busbw_gbps),
+            fontsize=7,
+            color=color,
+            va="bottom",
+        )
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("message size S (bytes)")
+        ax.grid(alpha=0.3, which="both")
+    left.set_ylabel("time per call (ms): median, bars min–max of repeats")
+    left.set_title("time = latency term + bandwidth term (dotted), fit dashed", fontsize=9)
+    right.set_ylabel("bus bandwidth (GB/s)")
+    right.set_title("busbw = algbw × 2(n−1)/n; dotted: its limit B", fontsize=9)
+    left.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    return left, right
+
+
+def device_model(cores: int, world_sizes=(1, 2, 4), threads: int = 1, ax=None):
+    """Lecture 00's picture: which core each rank plays its device on, per world size.
+
+    One row per world size; a box per core; a rank with ``threads`` cores of its own sits on
+    them. When ranks × threads exceed ``cores`` the ranks share cores: drawn red, oversubscribed.
+    """
+    import matplotlib.pyplot as plt
+
+    ax = _axes(ax, figsize=(8, 0.9 + 0.8 * len(world_sizes)))
+    width = max(cores, max(world_sizes) * threads)
+    for row, n in enumerate(world_sizes):
+        y = len(world_sizes) - 1 - row
+        over = n * threads > cores
+        for c in range(cores):  # the machine's cores
+            ax.add_patch(plt.Rectangle((c, y), 0.92, 0.8, fill=False, edgecolor="gray"))
+        for rank in range(n):
+            for k in range(threads):
+                core = (rank * threads + k) % cores
+                stack = (rank * threads + k) // cores  # > 0: a second rank on the same core
+                ax.add_patch(
+                    plt.Rectangle(
+                        (core + 0.06 + 0.1 * stack, y + 0.08 + 0.1 * stack),
+                        0.8,
+                        0.55,
+                        color="tab:red" if over else "tab:blue",
+                        alpha=0.75,
+                    )
+                )
+                ax.text(
+                    core + 0.46 + 0.1 * stack,
+                    y + 0.35 + 0.1 * stack,
+                    f"rank {rank}",
+                    ha="center",
+                    va="center",
+                    color="white",
+                    fontsize=8,
+                )
+        note = (
+            "oversubscribed: ranks take turns"
+            if over
+            else ("1-rank baseline: same budget" if n == 1 else f"{n} devices, {n}× the hardware")
+        )
+        ax.text(
+            width + 0.2,
+            y + 0.4,
+            f"world size {n}: {note}",
+            va="center",
+            fontsize=9,
+            color="tab:red" if over else "black",
+        )
+    ax.set_xlim(-0.1, width + 4.5)
+    ax.set_ylim(-0.1, len(world_sizes))
+    ax.set_xticks([c + 0.46 for c in range(cores)], [f"core {c}" for c in range(cores)])
+    ax.set_yticks([])
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+    ax.set_title(
+        f"One CPU rank = one device with {threads} core{'s' * (threads > 1)} "
+        f"(this machine: {cores} cores)",
+        fontsize=10,
+    )
+    return ax

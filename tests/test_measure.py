@@ -205,7 +205,8 @@ def test_memory_budget_triggers_at_the_right_size_and_not_before():
         model(x).sum()
     assert budget.peak["activations"] == 64_000 and budget.peak["total"] == exact
     with pytest.raises(
-        torch.OutOfMemoryError, match=r"Tried to allocate 62.50 KiB. The device budget is 3.88 MiB"
+        torch.OutOfMemoryError,
+        match=r"Tried to allocate 62.50 KiB. GPU 0 has a total capacity of 3.88 MiB",
     ):
         with helpers.memory_limit(exact - 1, model):
             model(x).sum()
