@@ -364,31 +364,33 @@ def alpha_beta(records: list[dict], fits: dict | None = None):
         left.plot(grid, np.full_like(grid, fit.alpha * 1e3), ":", color=color, linewidth=1)
         left.plot(grid, grid / fit.beta * 1e3, ":", color=color, linewidth=1)
         left.annotate(
-            f"{steps}·α = {fit.alpha * 1e3:.2f} ms",
+            f"latency 2(n−1)α = {steps}α = {fit.alpha * 1e3:.2f} ms",
             (grid[0], fit.alpha * 1e3),
             fontsize=7,
             color=color,
             va="bottom",
         )
         right.plot(grid, factor * grid / fit.predict(grid) / 1e9, "--", color=color, linewidth=1)
-        right.axhline(fit.busbw_gbps, color=color, linestyle=":", linewidth=1)
-        right.annotate(
-            f"B = {fit.busbw_gbps:.2f} GB/s",
-            (grid[0], fit.busbw_gbps),
-            fontsize=7,
+        right.axhline(
+            fit.busbw_gbps,
             color=color,
-            va="bottom",
+            linestyle=":",
+            linewidth=1,
+            label=f"n={n}: fit's limit B = {fit.busbw_gbps:.2f} GB/s",
         )
     for ax in (left, right):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("message size S (bytes)")
         ax.grid(alpha=0.3, which="both")
+    fastest = min((r.get("min_s", r["seconds"]) for r in records), default=1e-3)
+    left.set_ylim(bottom=fastest * 1e3 / 3)  # the bandwidth term's tail would squash the data
     left.set_ylabel("time per call (ms): median, bars min–max of repeats")
     left.set_title("time = latency term + bandwidth term (dotted), fit dashed", fontsize=9)
     right.set_ylabel("bus bandwidth (GB/s)")
     right.set_title("busbw = algbw × 2(n−1)/n; dotted: its limit B", fontsize=9)
     left.legend(fontsize=7, loc="upper left")
+    right.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     return left, right
 
@@ -401,34 +403,25 @@ def device_model(cores: int, world_sizes=(1, 2, 4), threads: int = 1, ax=None):
     """
     import matplotlib.pyplot as plt
 
-    ax = _axes(ax, figsize=(8, 0.9 + 0.8 * len(world_sizes)))
+    ax = _axes(ax, figsize=(7, 0.9 + 0.7 * len(world_sizes)))
     width = max(cores, max(world_sizes) * threads)
     for row, n in enumerate(world_sizes):
         y = len(world_sizes) - 1 - row
         over = n * threads > cores
         for c in range(cores):  # the machine's cores
             ax.add_patch(plt.Rectangle((c, y), 0.92, 0.8, fill=False, edgecolor="gray"))
+        share = -(-n * threads // cores)  # threads per core (ceil): > 1 means ranks take turns
         for rank in range(n):
             for k in range(threads):
-                core = (rank * threads + k) % cores
-                stack = (rank * threads + k) // cores  # > 0: a second rank on the same core
-                ax.add_patch(
-                    plt.Rectangle(
-                        (core + 0.06 + 0.1 * stack, y + 0.08 + 0.1 * stack),
-                        0.8,
-                        0.55,
-                        color="tab:red" if over else "tab:blue",
-                        alpha=0.75,
-                    )
-                )
+                slot = rank * threads + k
+                core, turn = slot % cores, slot // cores
+                w = 0.8 / share
+                x = core + 0.06 + turn * w
+                color = "tab:red" if over else "tab:blue"
+                ax.add_patch(plt.Rectangle((x, y + 0.12), w * 0.94, 0.56, color=color, alpha=0.8))
+                name = f"rank {rank}" if share == 1 else f"r{rank}"
                 ax.text(
-                    core + 0.46 + 0.1 * stack,
-                    y + 0.35 + 0.1 * stack,
-                    f"rank {rank}",
-                    ha="center",
-                    va="center",
-                    color="white",
-                    fontsize=8,
+                    x + w * 0.47, y + 0.4, name, ha="center", va="center", color="w", fontsize=8
                 )
         note = (
             "oversubscribed: ranks take turns"
@@ -443,7 +436,7 @@ def device_model(cores: int, world_sizes=(1, 2, 4), threads: int = 1, ax=None):
             fontsize=9,
             color="tab:red" if over else "black",
         )
-    ax.set_xlim(-0.1, width + 4.5)
+    ax.set_xlim(-0.1, width + 3.6)
     ax.set_ylim(-0.1, len(world_sizes))
     ax.set_xticks([c + 0.46 for c in range(cores)], [f"core {c}" for c in range(cores)])
     ax.set_yticks([])
