@@ -312,3 +312,20 @@ def benchmark_spread(
                 }
             )
     return out
+
+
+def spread_rows(records: list[dict]) -> list[dict]:
+    """``benchmark_spread`` records as table rows: ms for times, GB/s, oversubscribed named."""
+    return [
+        {
+            "n": f"{r['world_size']}" + (" (oversubscribed)" if r.get("oversubscribed") else ""),
+            "S (bytes)": r["bytes"],
+            "median (ms)": round(r["seconds"] * 1e3, 3),
+            "min–max of rounds (ms)": f"{r['min_s'] * 1e3:.3f}–{r['max_s'] * 1e3:.3f}",
+            "mean of all calls (ms)": round(r["mean_call_s"] * 1e3, 3),
+            "calls": r["calls"],
+            "algbw (GB/s)": round(r["algbw_GBps"], 4),
+            "busbw (GB/s)": round(r["busbw_GBps"], 4),
+        }
+        for r in records
+    ]

@@ -233,7 +233,31 @@ def differences(table: list[dict]) -> list[dict]:
                         "column": column,
                         "slides": slide,
                         "this torch": live,
-                        "why": row[column + " why"],
+                        "why": row[column + " why"] or "ran, and every rank held the right result",
                     }
                 )
     return out
+
+
+def side_by_side(table: list[dict]) -> list[dict]:
+    """One row per probe, each column 'live / slides' ('≠' where they disagree), for a table.
+
+    Reduction rows (all_reduce AVG, ...) are not in the slides: their cells show '/ n.a.'.
+    """
+    rows = []
+    for row in table:
+        sum_row = row["reduce_op"] == "SUM"
+        out = {"op": row["op"] if sum_row else f"{row['op']} {row['reduce_op']}"}
+        for column in COLUMNS:
+            live = row[column]
+            slide = SLIDES[row["op"]][column] if sum_row else "n.a."
+            differs = live in "✓✗" and slide in "✓✗" and live != slide
+            out[column] = f"{live} / {slide}" + (" ≠" if differs else "")
+        rows.append(out)
+    return rows
+
+
+def untried(table: list[dict]) -> dict:
+    """{column: why it could not be probed on this machine} for the columns shown as '–'."""
+    first = table[0]
+    return {c: first[c + " why"] for c in COLUMNS if first[c] == "–"}
