@@ -21,8 +21,10 @@ import html
 import io
 import json
 import os
+import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -93,16 +95,60 @@ def questions(source) -> list[Question]:
     ]
 
 
+def _notebooks_in(folder: Path) -> tuple[list[Path], str | None]:
+    """The folder's notebooks, walking without following links; a reason if anything is unsafe.
+
+    The grader may run as root: a link (or a hard link, or a device file) in a submission could
+    make it read the solutions or a classmate's work and show them in the feedback.
+    """
+    found = []
+    for root, dirs, files in os.walk(folder, followlinks=False):
+        for name in dirs + files:
+            p = Path(root, name)
+            st = p.lstat()
+            rel = p.relative_to(folder)
+            if p.is_symlink():
+                return [], f"{rel} is a symbolic link: links are not accepted in a submission"
+            if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+                return [], f"{rel} is not a regular file: submit only files and folders"
+            if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                return [], f"{rel} is a hard link to another file: submit a copy"
+        dirs[:] = [d for d in dirs if d != ".ipynb_checkpoints"]
+        found += [Path(root, f) for f in files if f.endswith(".ipynb")]
+    return sorted(found), None
+
+
+def _read_regular(path: Path) -> tuple[bytes | None, str | None]:
+    """The bytes of a regular file opened without following a link, or a reason."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        return None, f"{path.name} cannot be read safely ({exc.strerror})"
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            return None, f"{path.name} is not a regular file"
+        if st.st_nlink > 1:
+            return None, f"{path.name} is a hard link to another file: submit a copy"
+        return f.read(), None
+
+
 def load_submission(path: Path):
     """(notebook, None) or (None, reason) for anything that is not a readable notebook."""
+    if path.is_symlink():
+        return None, f"{path.name} is a symbolic link: submit the notebook itself"
     if path.is_dir():
-        found = sorted(p for p in path.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+        found, refused = _notebooks_in(path)
+        if refused:
+            return None, refused
         if not found:
             return None, "no .ipynb file in the submission folder"
         path = found[0]
     if path.suffix != ".ipynb":
         return None, f"not a notebook ({path.name})"
-    raw = path.read_bytes()
+    raw, refused = _read_regular(path)
+    if refused:
+        return None, refused
     if not raw.strip():
         return None, "empty file"
     try:
@@ -118,6 +164,16 @@ def load_submission(path: Path):
     return nb, None
 
 
+def _student_cell(cell_type: str, text):
+    """A fresh cell holding only the student's text: no metadata, outputs or attachments."""
+    text = text if isinstance(text, str) else "".join(text or [])
+    if cell_type == "code":
+        return nbformat.v4.new_code_cell(text)
+    if cell_type == "markdown":
+        return nbformat.v4.new_markdown_cell(text)
+    return nbformat.v4.new_raw_cell(text)
+
+
 def assemble(source, submission, parameters: dict | None = None):
     """The notebook to run: the student's answers in the source's frame. Returns (nb, flags)."""
     released = {cells.grade_id(c): c for c in student_version(source).cells if cells.grade_id(c)}
@@ -131,10 +187,8 @@ def assemble(source, submission, parameters: dict | None = None):
             )
             gid = None
         src = by_gid.get(gid)
-        if src is None:  # a cell the student added (or split off): run it as it is
-            new = nbformat.from_dict(cell)
-            new.metadata.pop("nbgrader", None)
-            out.append(new)
+        if src is None:  # a cell the student added (or split off): its source, nothing else
+            out.append(_student_cell(cell.cell_type, cell.source))
             continue
         used.add(gid)
         if (
@@ -142,9 +196,16 @@ def assemble(source, submission, parameters: dict | None = None):
             and not cells.is_locked(src)
             or (cells.info(src).get("solution") and src.cell_type == "markdown")
         ):
-            new = nbformat.from_dict(cell)
-            new.cell_type = src.cell_type if cell.cell_type == src.cell_type else cell.cell_type
-            new.metadata["nbgrader"] = dict(cells.info(src))
+            # The student's text in the source's frame: the source decides the cell's type
+            # (a written answer turned into code stays text, it does not become a test) and
+            # its metadata (nothing the submission wrote reaches the runner or the feedback).
+            if cell.cell_type != src.cell_type:
+                flags.append(
+                    f"answer cell {gid!r} was changed to a {cell.cell_type} cell: "
+                    f"graded as the {src.cell_type} cell it is"
+                )
+            new = _student_cell(src.cell_type, cell.source)
+            new.metadata = nbformat.from_dict(src.metadata)
             out.append(new)
         else:
             if cell.cell_type != src.cell_type or cells.checksum(cell) != cells.checksum(
@@ -566,6 +627,37 @@ def write_gradebook(results: dict[str, Result], qs: list[Question], out: Path) -
     return path
 
 
+CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+PNG = re.compile(r"[A-Za-z0-9+/=\s]+")
+
+
+def notebook_as_text(nb) -> str:
+    """Cells and outputs as escaped text (PNG figures as data images): no HTML of the student's."""
+    out = []
+    for cell in nb.cells:
+        label = "In" if cell.cell_type == "code" else cell.cell_type
+        out.append(f"<h4>{label}</h4><pre>{html.escape(cell.source)}</pre>")
+        for o in cell.get("outputs", []):
+            kind = o.get("output_type")
+            if kind == "stream":
+                out.append(f"<pre class='{o.get('name') == 'stderr' and 'err' or 'out'}'>")
+                out.append(html.escape(ANSI.sub("", str(o.get("text", "")))) + "</pre>")
+            elif kind == "error":
+                text = "\n".join(o.get("traceback") or []) or f"{o.get('ename')}: {o.get('evalue')}"
+                out.append(f"<pre class='err'>{html.escape(ANSI.sub('', text))}</pre>")
+            elif kind in ("execute_result", "display_data"):
+                data = o.get("data", {})
+                png = data.get("image/png")
+                if isinstance(png, str) and PNG.fullmatch(png):
+                    out.append(f"<img alt='figure' src='data:image/png;base64,{png.strip()}'>")
+                elif "text/plain" in data:
+                    text = data["text/plain"]
+                    text = text if isinstance(text, str) else "".join(text)
+                    out.append(f"<pre>{html.escape(text)}</pre>")
+    return "".join(out)
+
+
 def write_feedback(r: Result, qs: list[Question], out: Path) -> Path:
     rows = "".join(
         f"<tr><td>{q.grade_id}</td><td>{'manual' if r.scores.get(q.grade_id) is None else r.scores[q.grade_id]}"
@@ -573,7 +665,11 @@ def write_feedback(r: Result, qs: list[Question], out: Path) -> Path:
         for q in qs
     )
     parts = [
-        f"<!doctype html><meta charset='utf-8'><title>Feedback: {html.escape(r.student)}</title>",
+        # Nothing in this page may run: a submission's outputs and markdown are shown as text,
+        # and the policy forbids scripts, frames and remote loads even if something slips by.
+        "<!doctype html><meta charset='utf-8'>",
+        f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">",
+        f"<title>Feedback: {html.escape(r.student)}</title>",
         f"<h1>{html.escape(r.student)}: {r.total:g} points</h1>",
         f"<p>Status: <b>{r.status}</b> {html.escape(r.reason)}</p>",
         "<table border=1 cellpadding=4><tr><th>question</th><th>points</th><th>of</th><th>error</th></tr>",
@@ -591,12 +687,10 @@ def write_feedback(r: Result, qs: list[Question], out: Path) -> Path:
     )
     executed = getattr(r, "executed", None)
     if executed and Path(executed).exists():
-        from nbconvert import HTMLExporter
-
-        body, _ = HTMLExporter(template_name="basic").from_notebook_node(
-            nbformat.read(executed, as_version=4)
+        parts.append(
+            "<h2>Your notebook, as graded</h2>"
+            + notebook_as_text(nbformat.read(executed, as_version=4))
         )
-        parts.append("<h2>Your notebook, as graded</h2>" + body)
     path = out / "feedback" / f"{r.student}.html"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(parts), encoding="utf-8")

@@ -152,6 +152,75 @@ def cell_result(cell, nonce: str) -> dict:
     return {"passed": passed and error is None, "value": value, "error": error}
 
 
+def segments(source: str) -> list[tuple[str, bool]]:
+    """A test cell split into (code, hidden) pieces, in order, without the marker lines.
+
+    Each piece runs as its own execution, so a failure is known to be in a visible or a hidden
+    test without reading line numbers, and what a hidden piece printed or raised can be kept out
+    of the feedback (its assertions often spell out the expected values).
+    """
+    from course import cells
+
+    lines = source.splitlines()
+    out, at = [], 0
+    for begin, end in cells.regions(source, "HIDDEN TESTS", "test cell"):
+        out.append(("\n".join(lines[at:begin]), False))
+        out.append(("\n".join(lines[begin + 1 : end]), True))
+        at = end + 1
+    out.append(("\n".join(lines[at:]), False))
+    return [(code, hidden) for code, hidden in out if code.strip()] or [("", False)]
+
+
+def run_test_cell(client, cell, index: int, nonce: str, timeout_output) -> None:
+    """Run a test cell piece by piece; stop at the first failure; hidden pieces show no detail."""
+    import nbformat
+    from nbclient.exceptions import CellTimeoutError
+
+    pieces = segments(cell.source)
+    merged = []
+    for k, (code, hidden) in enumerate(pieces):
+        piece = nbformat.v4.new_code_cell(instrument(code, nonce) if k == len(pieces) - 1 else code)
+        try:
+            client.execute_cell(piece, index)
+        except CellTimeoutError:
+            piece.outputs.append(timeout_output())
+        errors = [o for o in piece.outputs if o.get("output_type") == "error"]
+        if hidden:
+            seen = [
+                o
+                for o in piece.outputs
+                if o.get("output_type") == "stream" and nonce in o.get("text", "")
+            ]
+            if errors:
+                piece.outputs = [
+                    nbformat.v4.new_output(
+                        "error",
+                        ename=errors[0].get("ename", "Error"),
+                        evalue="a hidden test failed",
+                        traceback=[],
+                    )
+                ]
+            else:  # keep only the grader's own line (the nonce), not what the tests printed
+                piece.outputs = [
+                    nbformat.v4.new_output(
+                        "stream",
+                        name="stdout",
+                        text="".join(
+                            line
+                            for o in seen
+                            for line in o["text"].splitlines(keepends=True)
+                            if line.startswith(nonce)
+                        )
+                        + "[hidden tests passed]\n",
+                    )
+                ]
+        merged += piece.outputs
+        if errors:
+            break
+    cell.outputs = merged
+    client.nb.cells[index] = cell  # nbclient stores the cell it executed: put the real one back
+
+
 def kernelspec_dir(job: dict) -> str:
     """A private kernelspec 'graded' whose argv goes through the shim (limits, uid)."""
     root = tempfile.mkdtemp(prefix="graded-kernels-")
@@ -195,8 +264,15 @@ def run(job: dict, emit) -> None:
     for cell in nb.cells:
         if cell.get("metadata", {}).get("grader_test"):
             nonces[id(cell)] = secrets.token_hex(16)
-            cell["metadata"]["grader_source"] = cell.source
-            cell.source = instrument(cell.source, nonces[id(cell)])
+
+    def timeout_output():
+        return nbformat.v4.new_output(
+            "error",
+            ename="TimeoutError",
+            evalue=f"cell took over {job['cell_timeout']} s",
+            traceback=[],
+        )
+
     os.environ["JUPYTER_PATH"] = kernelspec_dir(job)
     workdir = job["workdir"]
     # The connection file must be readable by the kernel's uid: keep it in the work folder.
@@ -216,16 +292,12 @@ def run(job: dict, emit) -> None:
                 continue
             if dead is None:
                 try:
-                    client.execute_cell(cell, index)
+                    if id(cell) in nonces:
+                        run_test_cell(client, cell, index, nonces[id(cell)], timeout_output)
+                    else:
+                        client.execute_cell(cell, index)
                 except CellTimeoutError:
-                    cell.outputs.append(
-                        nbformat.v4.new_output(
-                            "error",
-                            ename="TimeoutError",
-                            evalue=f"cell took over {job['cell_timeout']} s",
-                            traceback=[],
-                        )
-                    )
+                    cell.outputs.append(timeout_output())
                 except DeadKernelError as exc:
                     dead = f"the kernel died ({exc})"
             if id(cell) in nonces:
@@ -240,11 +312,13 @@ def run(job: dict, emit) -> None:
                             "error", ename="KernelDied", evalue=dead, traceback=[]
                         )
                     ]
-                cell.source = cell.metadata.pop("grader_source")
+                cell.source = "\n".join(
+                    code for code, hidden in segments(cell.source) if not hidden
+                )
                 emit({"grade_id": cell.metadata["nbgrader"]["grade_id"], **result})
-    for cell in nb.cells:
-        if "grader_source" in cell.get("metadata", {}):
-            cell.source = cell.metadata.pop("grader_source")
+    for cell in nb.cells:  # the feedback shows what the student was given, never hidden tests
+        if id(cell) in nonces and "HIDDEN TESTS" in cell.source:
+            cell.source = "\n".join(code for code, hidden in segments(cell.source) if not hidden)
     emit({"notebook": nb, "dead": dead})
 
 
