@@ -104,7 +104,9 @@ class ThreadDevices:
         out = tensor.detach().clone()
         if src != dst:
             with self._lock:
-                self.bytes[phase] = self.bytes.get(phase, 0) + tensor.numel() * tensor.element_size()
+                self.bytes[phase] = (
+                    self.bytes.get(phase, 0) + tensor.numel() * tensor.element_size()
+                )
         return out
 
     def reset(self) -> None:
