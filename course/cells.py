@@ -94,6 +94,29 @@ def validate(nb) -> None:
         raise FormatError(f"{tagged} cells are tagged 'parameters'; papermill needs exactly one")
 
 
+def nbgrader_checksum(cell) -> str:
+    """The checksum nbgrader itself stores and checks (nbgrader.utils.compute_checksum, 0.9):
+    md5 of the source, the type, nbgrader's grade/solution/locked flags, the grade_id and the
+    points. Written exactly so ``nbgrader validate`` and the Validate button accept our labs;
+    recomputed here so releasing a lab does not need nbgrader installed."""
+    i = info(cell)
+    grade, solution = bool(i.get("grade", False)), bool(i.get("solution", False))
+    locked = False if solution else (True if grade else bool(i.get("locked", False)))
+    m = hashlib.md5()
+    for part in (
+        cell.source,
+        cell.cell_type,
+        str(i.get("grade", False)),
+        str(i.get("solution", False)),
+    ):
+        m.update(part.encode("utf-8"))
+    m.update(str(locked).encode("utf-8"))
+    m.update(i["grade_id"].encode("utf-8"))
+    if grade:
+        m.update(str(float(i["points"])).encode("utf-8"))
+    return m.hexdigest()
+
+
 def checksum(cell) -> str:
     """What a locked cell must keep: its type and source (whitespace at line ends ignored)."""
     source = "\n".join(line.rstrip() for line in cell.source.strip().splitlines())

@@ -5,7 +5,8 @@
    (markdown answers become "YOUR ANSWER HERE");
 3. drop ``### BEGIN HIDDEN TESTS`` regions;
 4. clear outputs, execution counts and run metadata;
-5. record a checksum on every locked or graded cell, so grading can tell an edited cell.
+5. record nbgrader's checksum and cell type on every graded, solution or locked cell, exactly as
+   nbgrader does, so `nbgrader validate` (the Validate button) accepts the student version.
 The result depends only on the source: releasing twice writes the same bytes.
 """
 
@@ -54,8 +55,12 @@ def clear_outputs(cell) -> None:
 
 
 def lock(cell) -> None:
-    if cells.is_locked(cell) or cells.is_graded(cell):
-        cell.metadata["nbgrader"]["checksum"] = cells.checksum(cell)
+    """nbgrader's own checksum and cell type on every graded, solution or locked cell (as its
+    ComputeChecksums pass does), so `nbgrader validate` can check a student's copy."""
+    i = cells.info(cell)
+    if i.get("grade") or i.get("solution") or i.get("locked"):
+        cell.metadata["nbgrader"]["checksum"] = cells.nbgrader_checksum(cell)
+        cell.metadata["nbgrader"]["cell_type"] = cell.cell_type
 
 
 def student_version(nb):

