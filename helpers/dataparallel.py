@@ -205,6 +205,21 @@ def count_broadcasts():
         dist._broadcast_coalesced = original
 
 
+# The same phase has the same colour in every plot (DP's threads and DDP's ranks side by side).
+PHASE_COLORS = {
+    "forward": "#1f77b4",
+    "backward": "#aec7e8",
+    "optimizer": "#9467bd",
+    "all-reduce (bucket)": "#d62728",
+    "scatter": "#ff7f0e",
+    "replicate": "#ffbb78",
+    "gather": "#2ca02c",
+    "loss": "#98df8a",
+    "scatter grad": "#8c564b",
+    "reduce grads": "#e377c2",
+}
+
+
 def plot_spans(rows: list[dict], ax=None, title: str = "", t0: float | None = None):
     """One row per thread (or rank), one box per phase; x in ms from ``t0`` (default: first start).
 
@@ -218,7 +233,8 @@ def plot_spans(rows: list[dict], ax=None, title: str = "", t0: float | None = No
     t0 = min(r["start"] for r in rows) if t0 is None else t0
     names = list(dict.fromkeys(r["row"] for r in rows))
     phases = list(dict.fromkeys(r["phase"] for r in rows))
-    colors = dict(zip(phases, plt.cm.tab20.colors, strict=False))
+    others = iter(c for c in plt.cm.tab20.colors if c not in PHASE_COLORS.values())
+    colors = {p: PHASE_COLORS.get(p) or next(others) for p in phases}
     for r in rows:
         y = names.index(r["row"])
         ax.broken_barh(

@@ -134,3 +134,22 @@ def test_count_broadcasts_sees_the_constructor_and_each_forwards_buffers():
     params, buffers = 4 * (24 + 6 + 6 + 6), 4 * 12 + 8  # BatchNorm: 2 floats × 6, one int64
     for calls in helpers.launch(_broadcasts, world_size=2, output="none"):
         assert calls == [params + buffers, buffers, buffers]
+
+
+def test_plot_spans_one_row_per_thread_and_one_colour_per_phase():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from helpers.dataparallel import PHASE_COLORS, plot_spans
+
+    rows = [
+        {"row": "main", "phase": "scatter", "start": 0.0, "end": 0.001},
+        {"row": "device 0", "phase": "forward", "start": 0.001, "end": 0.003},
+        {"row": "device 1", "phase": "forward", "start": 0.001, "end": 0.004},
+        {"row": "device 1", "phase": "something else", "start": 0.004, "end": 0.005},
+    ]
+    ax = plot_spans(rows, title="t")
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["main", "device 0", "device 1"]
+    legend = {t.get_text() for t in ax.get_legend().get_texts()}
+    assert legend == {"scatter", "forward", "something else"}
+    assert "forward" in PHASE_COLORS
