@@ -447,6 +447,7 @@ def grade_one(
         rlimits["RLIMIT_NPROC"] = limits.processes
     env = {
         "HOME": str(workdir),
+        "TMPDIR": str(workdir),  # caches (torch's inductor, matplotlib) go where rmtree goes
         "USER": "student",
         "LOGNAME": "student",
         "MPLBACKEND": "Agg",

@@ -22,6 +22,7 @@ import fcntl
 import json
 import os
 import secrets
+import shutil
 import socket
 import struct
 import sys
@@ -57,6 +58,7 @@ def hide(paths: list[str]) -> list[str]:
 
 
 MS_BIND, MS_REC = 4096, 16384
+MNT_DETACH = 2  # umount2: detach now, free when unused
 
 
 def _blocked_ancestor(path: str) -> str | None:
@@ -97,6 +99,9 @@ def expose(needed: list[str]) -> list[str]:
             os.makedirs(p, mode=0o755, exist_ok=True)
             if libc.mount(stash.encode(), p.encode(), None, MS_BIND | MS_REC, None) != 0:
                 raise OSError(ctypes.get_errno(), f"bind back {p}")
+            # The stash was only a handle: drop it, so no expose-* folder outlives the job.
+            libc.umount2(stash.encode(), MNT_DETACH)
+            os.rmdir(stash)
             done.append(p)
     return done
 
@@ -241,6 +246,32 @@ def kernelspec_dir(job: dict) -> str:
 
 
 def run(job: dict, emit) -> None:
+    """Execute the job's notebook in a kernel (test cells piece by piece) and emit results."""
+    import nbformat
+
+    nb = nbformat.from_dict(job["notebook"])
+    nonces = {}
+    for cell in nb.cells:
+        if cell.get("metadata", {}).get("grader_test"):
+            nonces[id(cell)] = secrets.token_hex(16)
+
+    def timeout_output():
+        return nbformat.v4.new_output(
+            "error",
+            ename="TimeoutError",
+            evalue=f"cell took over {job['cell_timeout']} s",
+            traceback=[],
+        )
+
+    specs = kernelspec_dir(job)
+    os.environ["JUPYTER_PATH"] = specs
+    try:
+        _run(job, emit, nb, nonces, timeout_output)
+    finally:
+        shutil.rmtree(specs, ignore_errors=True)  # no graded-kernels-* left behind
+
+
+def _run(job: dict, emit, nb, nonces: dict, timeout_output) -> None:
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
@@ -259,21 +290,6 @@ def run(job: dict, emit) -> None:
                 return None
             return super().output(outs, msg, display_id, cell_index)
 
-    nb = nbformat.from_dict(job["notebook"])
-    nonces = {}
-    for cell in nb.cells:
-        if cell.get("metadata", {}).get("grader_test"):
-            nonces[id(cell)] = secrets.token_hex(16)
-
-    def timeout_output():
-        return nbformat.v4.new_output(
-            "error",
-            ename="TimeoutError",
-            evalue=f"cell took over {job['cell_timeout']} s",
-            traceback=[],
-        )
-
-    os.environ["JUPYTER_PATH"] = kernelspec_dir(job)
     workdir = job["workdir"]
     # The connection file must be readable by the kernel's uid: keep it in the work folder.
     os.environ["JUPYTER_RUNTIME_DIR"] = workdir

@@ -9,6 +9,7 @@ asserted: the points it really earned, nothing more, and nothing hidden shown ba
 from __future__ import annotations
 
 import os
+import tempfile
 
 import nbformat
 import pytest
@@ -71,8 +72,19 @@ def graded(tmp_path_factory):
     subs["fails_hidden"] = answer(student, square="return abs(x) * x")
 
     out = root / "out"
+    before = set(os.listdir(tempfile.gettempdir()))
     results = grade(src, write(root / "subs", subs), out, jobs=2, progress=False, limits=LIMITS)
-    return results, out
+    left_behind = set(os.listdir(tempfile.gettempdir())) - before
+    return results, out, left_behind
+
+
+def test_nothing_is_left_behind_in_tmp(graded):
+    leftovers = {
+        name
+        for name in graded[2]
+        if name.startswith(("expose-", "graded-kernels-", "grade-", "torchinductor_"))
+    }
+    assert not leftovers
 
 
 def feedback(out, name):
@@ -80,7 +92,7 @@ def feedback(out, name):
 
 
 def test_a_cell_claiming_grader_metadata_earns_nothing_and_breaks_nothing(graded):
-    results, _ = graded
+    results, _, _ = graded
     r = results["bonus_cell"]
     assert r.status == "graded" and r.total == 6.0  # the genuine answers, no bonus
     assert "bonus" not in r.scores
@@ -89,21 +101,21 @@ def test_a_cell_claiming_grader_metadata_earns_nothing_and_breaks_nothing(graded
 
 
 def test_the_feedback_shows_what_ran_not_what_the_metadata_says(graded):
-    results, out = graded
+    results, out, _ = graded
     assert results["disguised_source"].scores["test_square"] == 0.0
     page = feedback(out, "disguised_source")
     assert "return 0" in page and "return x * x" not in page
 
 
 def test_a_written_answer_turned_into_code_stays_a_written_answer(graded):
-    results, out = graded
+    results, out, _ = graded
     r = results["markdown_to_code"]
     assert r.scores["why"] is None and r.total == 0.0  # waits for a person, scores nothing
     assert any("'why' was changed to a code cell" in f for f in r.flags)
 
 
 def test_feedback_pages_run_nothing_from_the_submission(graded):
-    _, out = graded
+    _, out, _ = graded
     page = feedback(out, "script_in_feedback")
     assert "Content-Security-Policy" in page and "default-src 'none'" in page
     assert "<script" not in page and "onerror=" not in page.replace("onerror=alert", "")
@@ -111,7 +123,7 @@ def test_feedback_pages_run_nothing_from_the_submission(graded):
 
 
 def test_hidden_tests_never_reach_the_feedback_or_the_gradebook(graded):
-    results, out = graded
+    results, out, _ = graded
     r = results["fails_hidden"]
     assert r.scores["test_square"] == 0.0 and r.scores["test_mean"] == 3.0
     assert r.errors["test_square"] == "AssertionError: a hidden test failed"
