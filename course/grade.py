@@ -42,7 +42,7 @@ import psutil
 from course import cells
 from course.release import student_version
 
-VERSION = "1"  # part of the resume key: bump when scoring changes
+VERSION = "2"  # part of the resume key: bump when scoring changes
 UID_BASE = 40000  # grading slot k runs as uid UID_BASE + k when the grader is root
 
 
@@ -259,10 +259,25 @@ def _probe(cmd: list[str]) -> bool:
         return False
 
 
+UNSAFE = "unsafe-no-isolation"
+ISOLATION_MODES = ("auto", UNSAFE)
+UNSAFE_NOTE = (
+    "UNSAFE: graded without isolation (--unsafe-no-isolation): the submission ran as the "
+    "grader's own user and could read or change anything that user can"
+)
+
+
+class IsolationUnavailable(RuntimeError):
+    """Untrusted code would run without isolation: refused, with what to do instead."""
+
+
 class Isolation:
     """What this machine allows, probed once: uid switching, namespaces, cgroups."""
 
     def __init__(self, mode: str = "auto"):
+        if mode not in ISOLATION_MODES:
+            raise ValueError(f"isolation must be one of {', '.join(ISOLATION_MODES)}, not {mode!r}")
+        self.mode = mode
         self.root = os.geteuid() == 0 and mode == "auto"
         self.namespaces = (
             self.root
@@ -276,7 +291,24 @@ class Isolation:
         self.uid = self.root and _probe(prefix + command)
         self.cgroup_root = _cgroup_root() if self.root else None
 
+    @property
+    def strong(self) -> bool:
+        """Own uid and private namespaces: what untrusted code needs before it runs."""
+        return bool(self.uid and self.namespaces)
+
+    def missing(self) -> str:
+        reasons = []
+        if os.geteuid() != 0:
+            reasons.append("the grader is not running as root (it needs to switch uids)")
+        elif not self.namespaces:
+            reasons.append("`unshare --net --mount` failed (no util-linux, or no namespaces here)")
+        elif not self.uid:
+            reasons.append("a kernel could not start as an unprivileged uid")
+        return "; ".join(reasons) or "unknown"
+
     def describe(self) -> list[str]:
+        if self.mode == UNSAFE:
+            return [UNSAFE_NOTE, "resource limits: CPU time, file size"]
         out = [
             "resource limits: CPU time, file size" + (", processes (per uid)" if self.uid else "")
         ]
@@ -409,13 +441,19 @@ class Group:
 
 
 def _usage(procs) -> tuple[int, int]:
-    rss = 0
+    """(bytes, processes) of a submission without a cgroup to ask: the sum of each process's
+    unique memory (USS). Summing RSS would count the pages N ranks share (torch's libraries)
+    N times and kill a correct multi-rank submission for memory it does not use."""
+    used = 0
     for p in procs:
         try:
-            rss += p.memory_info().rss
+            used += p.memory_full_info().uss
         except psutil.Error:
-            pass
-    return rss, len(procs)
+            try:
+                used += p.memory_info().rss  # no access to its page map: over-count, not under
+            except psutil.Error:
+                pass
+    return used, len(procs)
 
 
 def grade_one(
@@ -545,6 +583,9 @@ def grade_one(
         status, reason = "error", reason or "the run ended without a result (see runner.log)"
     result.scores = {**blank_scores(qs), **result.scores}
     result.status, result.reason, result.seconds = status, reason, time.monotonic() - start
+    if iso.mode == UNSAFE:  # said wherever a grade is read: the gradebook and the feedback
+        result.reason = "; ".join(filter(None, [reason, "UNSAFE: graded without isolation"]))
+        result.flags.append(UNSAFE_NOTE)
     if notebook is not None:
         nbformat.write(nbformat.from_dict(notebook), private / "executed.ipynb")
     result.executed = private / "executed.ipynb" if notebook is not None else None
@@ -583,14 +624,18 @@ class _Reader:
 # -- the batch ----------------------------------------------------------------------------------
 
 
-def submission_key(path: Path, source_bytes: bytes, parameters: dict, limits: Limits) -> str:
+def submission_key(
+    path: Path, source_bytes: bytes, parameters: dict, limits: Limits, isolation: str = "auto"
+) -> str:
     h = hashlib.sha256(
         VERSION.encode() + source_bytes + json.dumps(parameters, sort_keys=True).encode()
     )
-    h.update(json.dumps(limits.__dict__, sort_keys=True).encode())
+    h.update(json.dumps(limits.__dict__, sort_keys=True).encode() + isolation.encode())
+    if path.is_symlink():  # refused when graded; never read through here
+        return h.hexdigest()
     files = sorted(path.rglob("*")) if path.is_dir() else [path]
     for f in files:
-        if f.is_file():
+        if f.is_file() and not f.is_symlink():
             h.update(
                 str(f.relative_to(path) if path.is_dir() else f.name).encode() + f.read_bytes()
             )
@@ -725,6 +770,13 @@ def grade(
     work.mkdir(exist_ok=True)
     os.chmod(work, 0o700)
     iso = Isolation(isolation)
+    if not iso.strong and iso.mode != UNSAFE:
+        raise IsolationUnavailable(
+            f"refusing to run submissions without isolation: {iso.missing()}. Run `course grade` "
+            "as root on Linux (each submission then runs as its own uid in private namespaces), "
+            "or, only for code you trust, pass --unsafe-no-isolation (every feedback page and "
+            "the gradebook will say so)."
+        )
     # Hide the source, the other submissions and the grader's files, never the course itself.
     keep = [Path(__file__).resolve().parent.parent, Path(sys.prefix).resolve()]
     hide = [
@@ -738,7 +790,7 @@ def grade(
     todo = []
     for path in entries:
         name = path.stem if path.is_file() else path.name
-        key = submission_key(path, source_bytes, parameters, limits)
+        key = submission_key(path, source_bytes, parameters, limits, iso.mode)
         saved = out / "results" / f"{name}.json"
         if saved.exists():
             data = json.loads(saved.read_text())

@@ -159,3 +159,28 @@ def test_links_and_special_files_in_a_submission_are_refused(tmp_path):
     erin.mkdir()
     os.mkfifo(erin / "pipe.ipynb")
     assert "not a regular file" in load_submission(erin)[1]  # and no hang reading a FIFO
+
+
+def test_grading_refuses_to_run_without_isolation(tmp_path, monkeypatch, capsys):
+    from course import cli
+    from course import grade as grading
+
+    src, student = release(tmp_path)
+    subs = write(tmp_path / "subs", {"alice": answer(student)})
+    monkeypatch.setattr(grading.os, "geteuid", lambda: 1000)  # as an instructor without root
+    with pytest.raises(grading.IsolationUnavailable, match="not running as root"):
+        grade(src, subs, tmp_path / "out", progress=False, limits=LIMITS)
+    assert not (tmp_path / "out" / "results" / "alice.json").exists()  # nothing ran
+    code = cli.main(["grade", str(src), str(subs), "--out", str(tmp_path / "out")])
+    assert code == 2 and "--unsafe-no-isolation" in capsys.readouterr().err
+
+
+def test_unsafe_grading_is_said_on_every_page_and_in_the_gradebook(tmp_path):
+    from course.grade import UNSAFE
+
+    src, student = release(tmp_path)
+    subs = write(tmp_path / "subs", {"alice": answer(student)})
+    out = tmp_path / "out"
+    results = grade(src, subs, out, progress=False, limits=LIMITS, isolation=UNSAFE)
+    assert results["alice"].status == "graded" and results["alice"].total == 6.0
+    assert "UNSAFE" in feedback(out, "alice") and "UNSAFE" in (out / "gradebook.csv").read_text()

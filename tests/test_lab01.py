@@ -322,3 +322,26 @@ def test_each_plausible_wrong_answer_loses_its_points_and_only_those(graded):
         for test, points in AUTO.items():
             want = 0.0 if test in wrong_tests else float(points)
             assert result.scores[test] == want, (name, test, result.scores, result.errors)
+
+
+@pytest.mark.slow
+def test_the_solution_scores_fully_without_isolation_too(tmp_path):
+    # Without a cgroup, memory is counted per process (USS): 4 ranks sharing torch's pages
+    # must not add up to a "memory" kill of a correct submission.
+    from course.grade import UNSAFE
+
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    shutil.copy(LAB, subs / "perfect.ipynb")
+    quick = next(e for e in load_syllabus() if e.path == LAB).parameters("quick")
+    perfect = grade(
+        LAB,
+        subs,
+        tmp_path / "out",
+        parameters=quick,
+        progress=False,
+        isolation=UNSAFE,
+        limits=Limits(cell_timeout=120, budget=400),
+    )["perfect"]
+    assert perfect.status == "graded", perfect.reason
+    assert perfect.total == sum(AUTO.values()), perfect.errors
