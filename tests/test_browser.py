@@ -257,11 +257,11 @@ def test_lab_01_unfinished_exercise_in_the_browser(server, browser):
     run_all(page)
     errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
     text = page.locator(".jp-Notebook").inner_text()
-    assert "NotImplementedError: shard_indices: replace this line with your solution" in text, (
-        errors.count()
-    )
+    assert (
+        "NotImplementedError: largest_fitting_batch: replace this line with your solution" in text
+    ), errors.count()
     page.get_by_text(
-        "NotImplementedError: shard_indices", exact=False
+        "NotImplementedError: largest_fitting_batch", exact=False
     ).first.scroll_into_view_if_needed()
     page.screenshot(path=str(SHOTS / "4-lab01-not-implemented.png"))
     alive = page.evaluate(
