@@ -13,6 +13,8 @@
 - ``count_broadcasts()``: DDP's own parameter and buffer broadcasts (``dist._broadcast_coalesced``,
   which the collective tracer does not see), counted on a rank.
 - ``plot_spans(rows)``: one row per thread or rank, one box per phase, on one time axis.
+- ``AsyncRecorder()``: every all_reduce a rank makes, from launch to completion, for DDP written
+  by hand (no comm hook to record through); plugs into ``helpers.StepTimer(comm=...)``.
 
 This is machinery, not DataParallel itself: the lecture composes the step from it, phase by
 phase, and Lab 02 asks you to write your own.
@@ -251,3 +253,94 @@ def plot_spans(rows: list[dict], ax=None, title: str = "", t0: float | None = No
     handles = [plt.Rectangle((0, 0), 1, 1, color=colors[p]) for p in phases]
     ax.legend(handles, phases, fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     return ax
+
+
+class _WatchedWork:
+    """A collective's work handle that notes in its record when ``wait()`` was first called."""
+
+    def __init__(self, work, rec: dict):
+        self._work, self._rec = work, rec
+
+    def wait(self, *args, **kwargs):
+        self._rec.setdefault("waited", time.perf_counter())
+        return self._work.wait(*args, **kwargs)
+
+    def __getattr__(self, name):  # is_completed, get_future, ...: the real handle's
+        return getattr(self._work, name)
+
+
+class AsyncRecorder:
+    """Every ``dist.all_reduce`` this rank makes, with when it was launched and when it finished.
+
+    For data parallelism written by hand (Lab 02), where there is no DDP comm hook to record
+    through. While open it wraps ``torch.distributed.all_reduce``: each call gets a record
+    {'step', 'bytes', 'async', 'start', 'end'}; an asynchronous call (async_op=True) ends when
+    its work completes (a callback on the work's future, run by the backend's thread), a
+    blocking one when it returns; the handle it returns also notes when ``wait()`` was first
+    called ('waited'). Same interface as ``helpers.CommRecorder`` for
+    ``helpers.StepTimer(comm=...)``: ``start_step()``, ``step``, ``intervals(step)``,
+    ``per_step()``, ``close()``.
+    """
+
+    def __init__(self):
+        import torch.distributed as dist
+
+        self.records: list[dict] = []
+        self.step = -1
+        self._lock = threading.Lock()
+        self._dist, self._original = dist, dist.all_reduce
+        dist.all_reduce = self._all_reduce
+
+    def _all_reduce(self, tensor, *args, **kwargs):
+        asynchronous = bool(kwargs.get("async_op", args[2] if len(args) > 2 else False))
+        rec = {
+            "step": self.step,
+            "bytes": tensor.numel() * tensor.element_size(),
+            "async": asynchronous,
+            "start": time.perf_counter(),
+            "end": None,
+        }
+        with self._lock:
+            self.records.append(rec)
+        work = self._original(tensor, *args, **kwargs)
+        if work is None:  # blocking: done when it returns
+            rec["end"] = time.perf_counter()
+            return work
+
+        def done(fut):
+            rec["end"] = time.perf_counter()
+            return fut.value()
+
+        work.get_future().then(done)
+        return _WatchedWork(work, rec)
+
+    def start_step(self) -> None:
+        """Call before each step's forward so records are grouped by step."""
+        self.step += 1
+
+    def intervals(self, step: int) -> list[tuple[float, float]]:
+        """(launch, completion) perf_counter times of the all-reduces of ``step``."""
+        return [(r["start"], r["end"]) for r in self.records if r["step"] == step and r["end"]]
+
+    def per_step(self) -> list[dict]:
+        """Totals per step: {'step', 'calls', 'sent_bytes', 'comm_s'}."""
+        steps: dict[int, dict] = {}
+        for r in self.records:
+            s = steps.setdefault(
+                r["step"], {"step": r["step"], "calls": 0, "sent_bytes": 0, "comm_s": 0.0}
+            )
+            s["calls"] += 1
+            s["sent_bytes"] += r["bytes"]
+            s["comm_s"] += (r["end"] or r["start"]) - r["start"]
+        return [steps[k] for k in sorted(steps)]
+
+    def close(self) -> None:
+        """Put ``dist.all_reduce`` back (records stay)."""
+        if self._dist.all_reduce == self._all_reduce:
+            self._dist.all_reduce = self._original
+
+    def __enter__(self) -> AsyncRecorder:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

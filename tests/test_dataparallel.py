@@ -153,3 +153,60 @@ def test_plot_spans_one_row_per_thread_and_one_colour_per_phase():
     legend = {t.get_text() for t in ax.get_legend().get_texts()}
     assert legend == {"scatter", "forward", "something else"}
     assert "forward" in PHASE_COLORS
+
+
+def _async_and_blocking():
+    import torch.distributed as dist
+
+    from helpers.dataparallel import AsyncRecorder
+
+    rank = dist.get_rank()
+    with AsyncRecorder() as rec:
+        rec.start_step()
+        big = torch.ones(2**20)  # 4 MiB: long enough that launch and completion differ
+        work = dist.all_reduce(big, async_op=True)
+        launched = time.perf_counter()
+        work.wait()
+        waited = time.perf_counter()
+        rec.start_step()
+        small = torch.full((3,), float(rank))
+        dist.all_reduce(small)  # blocking, op passed by position below
+        dist.all_reduce(small, dist.ReduceOp.SUM, None, True).wait()
+    after = dist.all_reduce is not rec._all_reduce  # put back on exit
+    return {
+        "records": rec.records,
+        "per_step": rec.per_step(),
+        "intervals": rec.intervals(0),
+        "launched": launched,
+        "waited": waited,
+        "values": (big[0].item(), small.tolist()),
+        "restored": after,
+    }
+
+
+def test_async_recorder_times_each_all_reduce_from_launch_to_completion():
+    for r in helpers.launch(_async_and_blocking, world_size=2, output="none"):
+        first, blocking, positional = r["records"]
+        assert r["values"] == (2.0, [2.0, 2.0, 2.0])  # the real all-reduces ran
+        assert first["async"] and first["bytes"] == 4 * 2**20 and first["step"] == 0
+        assert first["start"] <= r["launched"] <= first["end"] <= r["waited"] + 0.05
+        assert r["launched"] <= first["waited"] <= r["waited"]  # when wait() was called
+        assert not blocking["async"] and blocking["bytes"] == 12 and blocking["end"] is not None
+        assert positional["async"]  # async_op given by position is still seen
+        assert r["per_step"] == [
+            {
+                "step": 0,
+                "calls": 1,
+                "sent_bytes": 4 * 2**20,
+                "comm_s": pytest.approx(first["end"] - first["start"]),
+            },
+            {
+                "step": 1,
+                "calls": 2,
+                "sent_bytes": 24,
+                "comm_s": pytest.approx(
+                    blocking["end"] - blocking["start"] + positional["end"] - positional["start"]
+                ),
+            },
+        ]
+        assert r["intervals"] == [(first["start"], first["end"])] and r["restored"]

@@ -9,8 +9,8 @@ test also shows that a wrong answer costs only its own question's points.
 from __future__ import annotations
 
 import shutil
-import textwrap
 
+import lab_grading
 import nbformat
 import pytest
 
@@ -225,30 +225,7 @@ WRONG = {
 
 
 def wrong_submissions() -> dict[str, dict[str, str]]:
-    """{name: {solution grade_id: wrong source}}: variant v of every other question, so that
-    each submission is wrong in about half the questions and right in the rest."""
-    subs = {}
-    order = list(WRONG)
-    most = max(len(variants) for _, variants in WRONG.values())
-    for v in range(most):
-        for parity in (0, 1):
-            chosen = {
-                gid: textwrap.dedent(WRONG[gid][1][v]).strip()
-                for i, gid in enumerate(order)
-                if i % 2 == parity and v < len(WRONG[gid][1])
-            }
-            if chosen:
-                subs[f"wrong{v}{'ab'[parity]}"] = chosen
-    return subs
-
-
-def write_submission(path, replace: dict[str, str]) -> None:
-    nb = nbformat.read(LAB, as_version=4)
-    for cell in nb.cells:
-        gid = cells.grade_id(cell)
-        if gid in replace:
-            cell.source = replace[gid]
-    nbformat.write(nb, path)
+    return lab_grading.wrong_submissions(WRONG)
 
 
 def test_every_question_has_wrong_answers_that_differ_from_the_solution():
@@ -278,23 +255,7 @@ def test_the_unfinished_student_version_says_what_to_do():
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     """Grade the solution, the untouched student version and every wrong submission, once."""
-    tmp = tmp_path_factory.mktemp("lab01")
-    subs = tmp / "subs"
-    subs.mkdir()
-    shutil.copy(LAB, subs / "perfect.ipynb")  # the solution is a perfect submission
-    shutil.copy(STUDENT, subs / "untouched.ipynb")
-    for name, replace in wrong_submissions().items():
-        write_submission(subs / f"{name}.ipynb", replace)
-    quick = next(e for e in load_syllabus() if e.path == LAB).parameters("quick")
-    return grade(
-        LAB,
-        subs,
-        tmp / "out",
-        jobs=2,
-        parameters=quick,
-        progress=False,
-        limits=Limits(cell_timeout=120, budget=400),
-    )
+    return lab_grading.grade_class(LAB, STUDENT, WRONG, tmp_path_factory.mktemp("lab01"))
 
 
 @pytest.mark.slow
@@ -315,13 +276,7 @@ def test_the_solution_scores_every_automatic_point_and_the_unfinished_lab_none(g
 
 @pytest.mark.slow
 def test_each_plausible_wrong_answer_loses_its_points_and_only_those(graded):
-    for name, replace in wrong_submissions().items():
-        result = graded[name]
-        assert result.status == "graded", (name, result.reason)
-        wrong_tests = {WRONG[gid][0] for gid in replace}
-        for test, points in AUTO.items():
-            want = 0.0 if test in wrong_tests else float(points)
-            assert result.scores[test] == want, (name, test, result.scores, result.errors)
+    lab_grading.assert_wrong_answers_lose_their_points(graded, WRONG, AUTO)
 
 
 @pytest.mark.slow

@@ -1,0 +1,82 @@
+"""Grading a lab like a class would hand it in: the solution, the untouched student version, and
+submissions built from plausible wrong answers. Shared by the tests of every lab."""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+from pathlib import Path
+
+import nbformat
+
+from course import cells
+from course.grade import Limits, grade
+from course.syllabus import load_syllabus
+
+
+def wrong_submissions(wrong: dict, mixed: bool = True) -> dict[str, dict[str, str]]:
+    """{name: {solution grade_id: wrong source}} from ``wrong`` = {grade_id: (test, [variants])}.
+
+    mixed: variant v of every other question, so that each submission is wrong in about half
+    the questions and right in the rest (a wrong answer must cost only its own points); else
+    variant v of every question at once (fewer submissions to grade)."""
+    subs = {}
+    order = list(wrong)
+    most = max(len(variants) for _, variants in wrong.values())
+    for v in range(most):
+        for parity in (0, 1) if mixed else (None,):
+            chosen = {
+                gid: textwrap.dedent(wrong[gid][1][v]).strip()
+                for i, gid in enumerate(order)
+                if (parity is None or i % 2 == parity) and v < len(wrong[gid][1])
+            }
+            if chosen:
+                subs[f"wrong{v}{'' if parity is None else 'ab'[parity]}"] = chosen
+    return subs
+
+
+def write_submission(lab: Path, path: Path, replace: dict[str, str]) -> None:
+    nb = nbformat.read(lab, as_version=4)
+    for cell in nb.cells:
+        gid = cells.grade_id(cell)
+        if gid in replace:
+            cell.source = replace[gid]
+    nbformat.write(nb, path)
+
+
+def grade_class(
+    lab: Path,
+    student: Path,
+    wrong: dict,
+    tmp: Path,
+    mixed: bool = True,
+    overrides: dict | None = None,
+    limits: Limits | None = None,
+) -> dict:
+    """Grade the solution (perfect), the student version (untouched) and every wrong submission."""
+    subs = tmp / "subs"
+    subs.mkdir()
+    shutil.copy(lab, subs / "perfect.ipynb")  # the solution is a perfect submission
+    shutil.copy(student, subs / "untouched.ipynb")
+    for name, replace in wrong_submissions(wrong, mixed).items():
+        write_submission(lab, subs / f"{name}.ipynb", replace)
+    quick = next(e for e in load_syllabus() if e.path == lab).parameters("quick")
+    return grade(
+        lab,
+        subs,
+        tmp / "out",
+        jobs=2,
+        parameters={**quick, **(overrides or {})},
+        progress=False,
+        limits=limits or Limits(cell_timeout=120, budget=400),
+    )
+
+
+def assert_wrong_answers_lose_their_points(graded: dict, wrong: dict, auto: dict, mixed=True):
+    for name, replace in wrong_submissions(wrong, mixed).items():
+        result = graded[name]
+        assert result.status == "graded", (name, result.reason)
+        wrong_tests = {wrong[gid][0] for gid in replace}
+        for test, points in auto.items():
+            want = 0.0 if test in wrong_tests else float(points)
+            assert result.scores[test] == want, (name, test, result.scores, result.errors)

@@ -1,0 +1,325 @@
+"""Lab 02 end to end: graded like a student's — perfect, unfinished, and plausibly wrong.
+
+The wrong answers are the ones a student would write: gradients averaged where DataParallel
+sums them, a model "replicated" by sharing it, DDP that never broadcasts or never divides, that
+all-reduces after backward or synchronously, buckets in forward order, a parameter without a
+gradient handled wrongly; steps counted with a floor; a loss not divided by k, a forward outside
+``no_sync``. To keep the suite short each wrong submission is wrong in every question at once
+(lab 01's test shows that a wrong answer costs only its own points), and the ungraded timing and
+training cells run with fewer repeats than the quick profile.
+"""
+
+from __future__ import annotations
+
+import lab_grading
+import nbformat
+import pytest
+
+from course import cells
+from course.syllabus import REPO
+
+LAB = REPO / "solutions" / "lab02_build_ddp.ipynb"
+STUDENT = REPO / "labs" / "lab02_build_ddp.ipynb"
+AUTO = {
+    "test_dp_primitives": 3,
+    "test_scratch_ddp": 4,
+    "test_epoch_bytes": 2,
+    "test_accumulation_step": 2,
+}
+MANUAL = {"answer_bytes", "answer_compression", "answer_dp_slower", "answer_overlap"}
+
+DP_RIGHT = {
+    "scatter": 'return [devs.copy(c, 0, i, "scatter") for i, c in enumerate(x.chunk(devs.n))]',
+    "replicate": """replicas = [model]
+    for i in range(1, devs.n):
+        sent = {id(p): nn.Parameter(devs.copy(p, 0, i, "replicate")) for p in model.parameters()}
+        replicas.append(copy.deepcopy(model, memo=sent))
+    return replicas""",
+    "apply": 'return devs.run("forward", [lambda i=i: replicas[i](inputs[i]) for i in range(devs.n)])',
+    "gather": 'return torch.cat([devs.copy(o, i, 0, "gather") for i, o in enumerate(outputs)])',
+    "reduce": """for i in range(1, devs.n):
+        for p, q in zip(model.parameters(), replicas[i].parameters()):
+            p.grad += devs.copy(q.grad, i, 0, "reduce grads")""",
+}
+
+
+def dp(**wrong) -> str:
+    """The five DataParallel functions, right except those given."""
+    body = {**DP_RIGHT, **wrong}
+    return f"""
+def dp_scatter(x, devs):
+    {body["scatter"]}
+
+def dp_replicate(model, devs):
+    {body["replicate"]}
+
+def dp_parallel_apply(replicas, inputs, devs):
+    {body["apply"]}
+
+def dp_gather(outputs, devs):
+    {body["gather"]}
+
+def dp_reduce_gradients(model, replicas, devs):
+    {body["reduce"]}
+"""
+
+
+SCRATCH_RIGHT = {
+    "broadcast": """for t in list(module.parameters()) + list(module.buffers()):
+            dist.broadcast(t.data, src=0)""",
+    "order": "reversed([p for p in module.parameters() if p.requires_grad])",
+    "hook": "p.register_post_accumulate_grad_hook(self._ready)",
+    "ready": """self.arrived[i] += 1
+        if self.arrived[i] == len(self.buckets[i]):
+            self._launch(i)""",
+    "send": "self.pending[i] = (flat, dist.all_reduce(flat, async_op=True))",
+    "missing": "torch.zeros_like(p)",
+    "leftover": """for i in range(len(self.buckets)):
+            if i not in self.pending:
+                self._launch(i)""",
+    "average": "flat /= self.world_size",
+    "write": """if p.grad is not None:
+                    p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))""",
+}
+
+
+def scratch(**wrong) -> str:
+    """ScratchDDP, right except the pieces given."""
+    b = {**SCRATCH_RIGHT, **wrong}
+    return f"""
+class ScratchDDP(nn.Module):
+    def __init__(self, module, bucket_cap_mb=25.0):
+        super().__init__()
+        self.module = module
+        self.world_size = dist.get_world_size()
+        {b["broadcast"]}
+        self.buckets, current, size = [], [], 0
+        for p in {b["order"]}:
+            current.append(p)
+            size += p.numel() * p.element_size()
+            if size >= bucket_cap_mb * 2**20:
+                self.buckets.append(current)
+                current, size = [], 0
+        if current:
+            self.buckets.append(current)
+        self.bucket_of = {{p: i for i, bucket in enumerate(self.buckets) for p in bucket}}
+        self.arrived, self.pending = [0] * len(self.buckets), {{}}
+        for p in self.bucket_of:
+            {b["hook"]}
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def _launch(self, i):
+        grads = [p.grad if p.grad is not None else {b["missing"]} for p in self.buckets[i]]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        {b["send"]}
+
+    def _ready(self, p):
+        i = self.bucket_of[p]
+        {b["ready"]}
+
+    def finish(self):
+        {b["leftover"]}
+        for i, (flat, work) in self.pending.items():
+            if work is not None:
+                work.wait()
+            {b["average"]}
+            offset = 0
+            for p in self.buckets[i]:
+                {b["write"]}
+                offset += p.numel()
+        self.arrived, self.pending = [0] * len(self.buckets), {{}}
+"""
+
+
+def epoch(steps="math.ceil(n_samples / batch_size)", fwd="n_samples * sample_bytes",
+          bwd="4 * steps", ar="4 * n_params * steps") -> str:  # fmt: skip
+    return f"""
+def epoch_bytes(n_samples, sample_bytes, batch_size, n_params):
+    steps = {steps}
+    return {{"forward": {fwd}, "backward": {bwd}, "all-reduce": {ar}}}
+"""
+
+
+WRONG = {
+    "dp_primitives": (
+        "test_dp_primitives",
+        [
+            # the replicas' gradients averaged, as if each replica's loss were a full mean
+            dp(
+                reduce=DP_RIGHT["reduce"]
+                + "\n    for p in model.parameters():\n        p.grad /= devs.n"
+            ),
+            dp(reduce="pass"),  # only device 0's gradients
+            # one model shared by every "device": gradients land in it twice, no bytes replicated
+            dp(replicate="return [model] * devs.n"),
+            # every n-th sample instead of contiguous chunks: outputs no longer line up with y
+            dp(scatter='return [devs.copy(x[i::devs.n], 0, i, "scatter") for i in range(devs.n)]'),
+            dp(gather="return torch.cat(outputs)"),  # not copied to device 0
+            dp(apply="return [replicas[i](inputs[i]) for i in range(devs.n)]"),  # one at a time
+            # replicas built fresh instead of copied: their own random weights
+            dp(
+                replicate="return [model] + [copy.deepcopy(model).apply(lambda m: m.reset_parameters() if hasattr(m, 'reset_parameters') else None) for _ in range(1, devs.n)]"
+            ),
+        ],
+    ),
+    "scratch_ddp": (
+        "test_scratch_ddp",
+        [
+            scratch(average="pass"),  # summed, never divided
+            scratch(broadcast="pass"),  # every rank keeps its own initial weights
+            scratch(send="self.pending[i] = (flat, dist.all_reduce(flat))"),  # blocking
+            scratch(order="[p for p in module.parameters() if p.requires_grad]"),  # forward order
+            # all-reduce everything after backward: no hooks, no overlap
+            scratch(hook="pass"),
+            scratch(leftover="pass"),  # a bucket holding an unused parameter is never sent
+            # a parameter without a gradient gets zeros (DDP leaves it None)
+            scratch(write="p.grad = flat[offset : offset + p.numel()].view_as(p).clone()"),
+            scratch(order="reversed(list(module.parameters()))"),  # frozen parameters too
+            # asynchronous in name only: waited for at once, inside backward
+            scratch(
+                send="w = dist.all_reduce(flat, async_op=True); w.wait(); self.pending[i] = (flat, w)"
+            ),
+            # every bucket launched together, when the last gradient has arrived: no overlap
+            scratch(
+                ready="""self.arrived[i] += 1
+        if sum(self.arrived) == len(self.bucket_of):
+            for j in range(len(self.buckets)):
+                self._launch(j)"""
+            ),
+        ],
+    ),
+    "epoch_bytes": (
+        "test_epoch_bytes",
+        [
+            epoch(steps="n_samples // batch_size"),  # the partial last batch forgotten
+            epoch(fwd="batch_size * sample_bytes"),  # one batch, not the epoch
+            epoch(ar="4 * n_params"),  # once per epoch
+            epoch(bwd="4 * n_params * steps"),  # gradients counted as "backward" too
+            epoch(steps="n_samples / batch_size"),  # fractional steps, floats
+        ],
+    ),
+    "accumulation_step": (
+        "test_accumulation_step",
+        [
+            """
+            def accumulation_step(model, opt, micro_batches):
+                opt.zero_grad()
+                k = len(micro_batches)
+                for j, (x, y) in enumerate(micro_batches):          # the loss not divided by k
+                    with model.no_sync() if j < k - 1 else contextlib.nullcontext():
+                        loss_fn(model(x), y).backward()
+                opt.step()
+            """,
+            """
+            def accumulation_step(model, opt, micro_batches):
+                opt.zero_grad()
+                k = len(micro_batches)
+                for j, (x, y) in enumerate(micro_batches):
+                    loss = loss_fn(model(x), y) / k                  # forward outside no_sync
+                    with model.no_sync() if j < k - 1 else contextlib.nullcontext():
+                        loss.backward()
+                opt.step()
+            """,
+            """
+            def accumulation_step(model, opt, micro_batches):
+                opt.zero_grad()
+                k = len(micro_batches)
+                with model.no_sync():                                # never all-reduces
+                    for x, y in micro_batches:
+                        (loss_fn(model(x), y) / k).backward()
+                opt.step()
+            """,
+            """
+            def accumulation_step(model, opt, micro_batches):
+                k = len(micro_batches)
+                for j, (x, y) in enumerate(micro_batches):
+                    opt.zero_grad()                                  # forgets all but the last
+                    with model.no_sync() if j < k - 1 else contextlib.nullcontext():
+                        (loss_fn(model(x), y) / k).backward()
+                opt.step()
+            """,
+            """
+            def accumulation_step(model, opt, micro_batches):        # one big batch: no accumulation
+                opt.zero_grad()
+                x = torch.cat([x for x, _ in micro_batches])
+                y = torch.cat([y for _, y in micro_batches])
+                loss_fn(model(x), y).backward()
+                opt.step()
+            """,
+            """
+            def accumulation_step(model, opt, micro_batches):
+                opt.zero_grad()
+                k = len(micro_batches)
+                for j, (x, y) in enumerate(micro_batches):          # DDP bypassed, not no_sync
+                    net = model.module if j < k - 1 else model
+                    (loss_fn(net(x), y) / k).backward()
+                opt.step()
+            """,
+            """
+            def accumulation_step(model, opt, micro_batches):
+                k = len(micro_batches)
+                for j, (x, y) in enumerate(micro_batches):          # a step per micro-batch
+                    opt.zero_grad()
+                    (loss_fn(model(x), y) / k).backward()
+                    opt.step()
+            """,
+        ],
+    ),
+}
+
+# The ungraded cells (timing, compression) with less work: the graded tests do not read them.
+FASTER = {"repeats": 1, "steps": 2, "warmup": 1, "epochs": 1, "seeds": [0]}
+
+
+def test_every_question_has_wrong_answers_that_differ_from_the_solution():
+    solution = {cells.grade_id(c): c.source for c in nbformat.read(LAB, as_version=4).cells}
+    assert {test for test, _ in WRONG.values()} == set(AUTO)
+    for gid, (_, variants) in WRONG.items():
+        assert gid in solution and len(variants) >= 4, gid
+        assert len({v.strip() for v in variants}) == len(variants), gid
+    assert set(lab_grading.wrong_submissions(WRONG, mixed=False)) == {
+        f"wrong{v}" for v in range(10)
+    }
+
+
+def test_the_unfinished_student_version_says_what_to_do():
+    student = nbformat.read(STUDENT, as_version=4)
+    stubs = [c.source for c in student.cells if "NotImplementedError" in c.source]
+    assert len(stubs) == 4  # DataParallel, ScratchDDP, epoch_bytes, accumulation_step
+    assert sum(s.count("NotImplementedError") for s in stubs) == 5 + 4 + 1 + 1
+    assert not any(
+        "BEGIN HIDDEN TESTS" in c.source or "BEGIN SOLUTION" in c.source for c in student.cells
+    )
+    locked = {cells.grade_id(c) for c in student.cells if cells.is_locked(c)}
+    assert {"lab02_setup", "dp_step", "ddp_check", "bytes_runs", "accumulation_check"} <= locked
+    assert set(AUTO) <= locked
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    return lab_grading.grade_class(
+        LAB, STUDENT, WRONG, tmp_path_factory.mktemp("lab02"), mixed=False, overrides=FASTER
+    )
+
+
+@pytest.mark.slow
+def test_the_solution_scores_every_automatic_point_and_the_unfinished_lab_none(graded):
+    perfect, untouched = graded["perfect"], graded["untouched"]
+    assert perfect.status == "graded" and untouched.status == "graded", (
+        perfect.reason,
+        untouched.reason,
+    )
+    assert {g: perfect.scores[g] for g in AUTO} == {g: float(p) for g, p in AUTO.items()}, (
+        perfect.errors
+    )
+    assert perfect.total == sum(AUTO.values()) == 11
+    assert all(perfect.scores[g] is None for g in MANUAL)
+    assert untouched.total == 0.0
+    assert "NotImplementedError" in untouched.errors["test_scratch_ddp"]
+
+
+@pytest.mark.slow
+def test_each_plausible_wrong_answer_loses_its_points(graded):
+    lab_grading.assert_wrong_answers_lose_their_points(graded, WRONG, AUTO, mixed=False)
