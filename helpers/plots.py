@@ -529,9 +529,8 @@ def zero_stages(world_size: int = 4, axes=None):
             ax.text(rank * (n + 1) + n / 2, 3.0, f"rank {rank}", ha="center", fontsize=8)
         ax.set_xlim(-0.5, n * (n + 1))
         ax.set_ylim(-1.6, 3.4)
-        ax.set_yticks(
-            [y + 0.4 for _, y in rows], ["params", "grads", "opt state"] if stage == 0 else []
-        )
+        ax.set_yticks([y + 0.4 for _, y in rows], ["params", "grads", "opt state"])
+        ax.tick_params(left=False, labelleft=stage == 0)
         ax.set_xticks([])
         for side in ("top", "right", "bottom", "left"):
             ax.spines[side].set_visible(False)

@@ -92,16 +92,18 @@ def wrap(model, stage: int, lr: float = 1e-3):
     import torch
     from torch import nn
 
-    if stage == 0:
+    if stage in (0, 1):
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         model = DDP(model)
+        # the same all-reduce DDP makes, from Python: helpers.trace sees it (lecture 02)
+        model.register_comm_hook(None, default_hooks.allreduce_hook)
+    if stage == 0:
         return model, torch.optim.Adam(model.parameters(), lr=lr)
     if stage == 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
-        from torch.nn.parallel import DistributedDataParallel as DDP
 
-        model = DDP(model)
         opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=lr)
         return model, opt
     if stage == 3:
@@ -137,13 +139,14 @@ def measure(stage: int, hidden: int = 256, depth: int = 4, batch: int = 64, step
 
     Returns {'rank', 'world_size', 'stage', 'n_params', 'steady': bytes by part after the last
     step (gradients kept: what a step needs), 'peak': the largest total during the last step,
-    'params': the full parameters after training}. Run it with ``helpers.launch``.
+    'comm': {collective: bytes it carried in the last step}, 'params': the full parameters
+    after training}. Run it with ``helpers.launch``.
     """
-    import torch
     import torch.distributed as dist
     from torch import nn
 
     from helpers.memory import track
+    from helpers.tracing import trace
 
     rank, n = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     model = _model(hidden, depth)
@@ -152,7 +155,7 @@ def measure(stage: int, hidden: int = 256, depth: int = 4, batch: int = 64, step
     for k in range(steps):
         x, y = _batch(k, batch, rank, n)
         opt.zero_grad(set_to_none=True)
-        with track(model, _local_optimizer(opt), x, y) as mem:
+        with track(model, _local_optimizer(opt), x, y) as mem, trace() as calls:
             nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
             steady = mem.now()
@@ -163,8 +166,33 @@ def measure(stage: int, hidden: int = 256, depth: int = 4, batch: int = 64, step
         "n_params": n_params,
         "steady": steady,
         "peak": mem.peak,
+        "comm": payload(calls.records, n),
         "params": full_parameters(model),
     }
+
+
+# one rank's 1/n in, the full tensor out (or the reverse); FSDP2 calls the *_single forms
+GATHER_SCATTER = (
+    "all_gather_into_tensor",
+    "all_gather_single",
+    "reduce_scatter_tensor",
+    "reduce_scatter_single",
+)
+
+
+def payload(records: list[dict], world_size: int) -> dict:
+    """Bytes each collective carried, by op: the full tensor it reduces, gathers or broadcasts.
+
+    The tracer counts every tensor passed in; an all-gather gets the full output and this
+    rank's 1/n input (a reduce-scatter the reverse), so its payload is n/(n+1) of that.
+    """
+    out: dict = {}
+    for r in records:
+        b = r["bytes"]
+        if r["op"] in GATHER_SCATTER:
+            b = b * world_size // (world_size + 1)
+        out[r["op"]] = out.get(r["op"], 0) + b
+    return out
 
 
 def reference(hidden: int = 256, depth: int = 4, batch: int = 64, steps: int = 3) -> list:
