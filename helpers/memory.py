@@ -128,7 +128,11 @@ class memory_limit:  # noqa: N801 - a context manager used like a function
         self._param_keys = {t.untyped_storage().data_ptr() for t in self.model.parameters()}
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
         self._hooks.__enter__()
-        self.check()
+        try:
+            self.check()
+        except BaseException:  # __exit__ will not run: without this the hooks stay installed
+            self.__exit__()  # and every later saved tensor is checked against this budget
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
