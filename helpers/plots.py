@@ -539,19 +539,20 @@ def zero_stages(world_size: int = 4, axes=None):
     return axes
 
 
-def memory_per_rank(formula: list[dict], measured: list[dict], ax=None):
+def memory_per_rank(formula: list[dict], measured: list[dict], unit: str = "MB", ax=None):
     """Lecture 03: bytes per rank vs world size, one line per stage (formula) and measured points.
 
     ``formula``: dicts {'stage', 'world_size', 'total'}; ``measured``: the same keys, the
-    largest rank's bytes. Log-2 x axis.
+    largest rank's bytes. Log-2 x axis; y in ``unit`` ("MB" or "GB", 1 GB = 1e9 bytes).
     """
+    scale = {"MB": 1e6, "GB": 1e9}[unit]
     ax = _axes(ax, figsize=(6, 3.8))
     colors = {0: "k", 1: "tab:green", 2: "tab:orange", 3: "tab:blue"}
     for stage in sorted({r["stage"] for r in formula}):
         rs = sorted((r for r in formula if r["stage"] == stage), key=lambda r: r["world_size"])
         ax.plot(
             [r["world_size"] for r in rs],
-            [r["total"] / 1e6 for r in rs],
+            [r["total"] / scale for r in rs],
             "--",
             color=colors[stage],
             label=f"stage {stage} formula",
@@ -560,7 +561,7 @@ def memory_per_rank(formula: list[dict], measured: list[dict], ax=None):
         if ms:
             ax.plot(
                 [r["world_size"] for r in ms],
-                [r["total"] / 1e6 for r in ms],
+                [r["total"] / scale for r in ms],
                 "o",
                 color=colors[stage],
                 label=f"stage {stage} measured",
@@ -569,6 +570,6 @@ def memory_per_rank(formula: list[dict], measured: list[dict], ax=None):
     ns = sorted({r["world_size"] for r in formula})
     ax.set_xticks(ns, [str(n) for n in ns])
     ax.set_xlabel("ranks n")
-    ax.set_ylabel("parameters + gradients + optimizer state\nper rank (MB)")
+    ax.set_ylabel(f"parameters + gradients + optimizer state\nper rank ({unit})")
     ax.legend(fontsize=7, ncol=2)
     return ax
