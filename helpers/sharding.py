@@ -63,21 +63,21 @@ def fsdp_shard_numel(shape, world_size: int) -> int:
 # -- a measured run, one rank's part --------------------------------------------------------
 
 
-def _model(hidden: int, depth: int, seed: int = 0):
+def _model(hidden: int, depth: int, dtype: str = "float32", seed: int = 0):
     import torch
 
     from helpers.models import mlp
 
     torch.manual_seed(seed)  # every rank builds the same weights
-    return mlp(hidden=hidden, depth=depth)
+    return mlp(hidden=hidden, depth=depth).to(getattr(torch, dtype))
 
 
-def _batch(step: int, batch: int, rank: int, world_size: int):
+def _batch(step: int, batch: int, rank: int, world_size: int, dtype: str = "float32"):
     """Rank ``rank``'s share of the global batch of ``step``: the same samples at every n."""
     import torch
 
     g = torch.Generator().manual_seed(step)
-    x = torch.randn(batch, 1, 8, 8, generator=g)  # (B, 1, 8, 8)
+    x = torch.randn(batch, 1, 8, 8, generator=g).to(getattr(torch, dtype))  # (B, 1, 8, 8)
     y = torch.randint(10, (batch,), generator=g)  # (B,)
     return x.chunk(world_size)[rank], y.chunk(world_size)[rank]
 
@@ -134,8 +134,20 @@ def full_parameters(model) -> list:
     return out
 
 
-def measure(stage: int, hidden: int = 256, depth: int = 4, batch: int = 64, steps: int = 3):
+def measure(
+    stage: int,
+    hidden: int = 256,
+    depth: int = 4,
+    batch: int = 64,
+    steps: int = 3,
+    dtype: str = "float32",
+):
     """Train ``steps`` Adam steps under ``stage`` on this rank; return what it held, measured.
+
+    To compare parameters with one process, train in ``dtype="float64"``: in float32 the ranks
+    sum the gradients in another order than one process does, and after a few steps such a
+    rounding can flip a ReLU whose input was within 1e-7 of zero, after which Adam (which
+    normalises each gradient by its size) turns that into a difference of about its step size.
 
     Returns {'rank', 'world_size', 'stage', 'n_params', 'steady': bytes by part after the last
     step (gradients kept: what a step needs), 'peak': the largest total during the last step,
@@ -149,11 +161,11 @@ def measure(stage: int, hidden: int = 256, depth: int = 4, batch: int = 64, step
     from helpers.tracing import trace
 
     rank, n = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    model = _model(hidden, depth)
+    model = _model(hidden, depth, dtype)
     n_params = sum(p.numel() for p in model.parameters())
     model, opt = wrap(model, stage)
     for k in range(steps):
-        x, y = _batch(k, batch, rank, n)
+        x, y = _batch(k, batch, rank, n, dtype)
         opt.zero_grad(set_to_none=True)
         with track(model, _local_optimizer(opt), x, y) as mem, trace() as calls:
             nn.functional.cross_entropy(model(x), y).backward()
@@ -195,15 +207,17 @@ def payload(records: list[dict], world_size: int) -> dict:
     return out
 
 
-def reference(hidden: int = 256, depth: int = 4, batch: int = 64, steps: int = 3) -> list:
+def reference(
+    hidden: int = 256, depth: int = 4, batch: int = 64, steps: int = 3, dtype: str = "float32"
+) -> list:
     """The same training on one process without any wrapper: the parameters to compare with."""
     import torch
     from torch import nn
 
-    model = _model(hidden, depth)
+    model = _model(hidden, depth, dtype)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     for k in range(steps):
-        x, y = _batch(k, batch, 0, 1)
+        x, y = _batch(k, batch, 0, 1, dtype)
         opt.zero_grad(set_to_none=True)
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()

@@ -117,24 +117,17 @@ def test_checkpointing_keeps_less_for_backward():
 
 def test_sharded_runs_hold_the_formula_per_rank_and_train_like_one_process():
     hidden, depth, batch, steps = 64, 2, 32, 2
-    ref = helpers.sharding.reference(hidden, depth, batch, steps)
+    ref = helpers.sharding.reference(hidden, depth, batch, steps, "float64")
     shapes = [tuple(p.shape) for p in ref]
     P, tensors = sum(p.numel() for p in ref), len(ref)
-    runs = {
-        stage: helpers.launch(
-            helpers.sharding.measure,
-            stage,
-            hidden,
-            depth,
-            batch,
-            steps,
-            world_size=2,
-            output="none",
-        )
-        for stage in (1, 3)
-    }
-    for per_rank in runs.values():
-        for r in per_rank:
+
+    def run(stage, dtype):
+        args = (stage, hidden, depth, batch, steps, dtype)
+        return helpers.launch(helpers.sharding.measure, *args, world_size=2, output="none")
+
+    runs = {stage: run(stage, "float32") for stage in (1, 3)}
+    for stage in (0, 1, 3):  # in float64 no rounding can flip a ReLU: the comparison is tight
+        for r in run(stage, "float64"):
             for p, q in zip(ref, r["params"], strict=True):
                 torch.testing.assert_close(p, q)
     # ZeRO-1 (ZeroRedundancyOptimizer): the ranks' Adam states add up to one, split by tensors
@@ -150,3 +143,9 @@ def test_sharded_runs_hold_the_formula_per_rank_and_train_like_one_process():
         assert s["parameters"] == s["gradients"] == f["parameters"] == 4 * numel
         assert s["optimizer_state"] == f["optimizer_state"] + 4 * tensors
         assert r["peak"]["total"] > s["total"]  # gathered layers, activations, temporaries
+    # which collective moves what (traced): FSDP gathers the parameters twice, scatters grads once
+    for r in runs[3]:
+        assert sorted(r["comm"].values()) == [4 * P, 2 * 4 * P]
+        assert {op.split("_")[0] for op in r["comm"]} == {"all", "reduce"}
+    for r in runs[1]:  # DDP's all-reduce, then each rank's updated tensors broadcast: 4Ψ each
+        assert r["comm"] == {"all_reduce": 4 * P, "broadcast": 4 * P}
