@@ -5,7 +5,7 @@
 - measuring: ``StepTimer`` (timing), ``CommRecorder`` (comm), ``trace`` (tracing), repeats and
   spread (``scaling``, ``timing.spread``),
   ``benchmark_collectives`` and ``benchmark_spread`` (bench), ``bandwidth``, ``costmodel``,
-  ``memory_limit`` (memory), ``plots``; ``probe.support_table()``: which backend runs which
+  ``memory_limit`` and ``memory.track`` (memory), ``sharding`` (ZeRO / FSDP), ``plots``; ``probe.support_table()``: which backend runs which
   op, asked live.
 - ``rank()``, ``world_size()``, ``local_rank()``, ``is_main()``, ``print0()``, ``device()``:
   the same answers under launch, under torchrun, and in a plain process.
@@ -23,6 +23,7 @@ from helpers import (
     probe,
     ring,
     scaling,
+    sharding,
     timing,
     world,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "models",
     "ring",
     "scaling",
+    "sharding",
     "memcpy_bandwidth",
     "memory",
     "memory_limit",

@@ -63,6 +63,11 @@ def _bytes(tensors) -> int:
     return total
 
 
+def nbytes(tensors) -> int:
+    """Bytes of the storages behind ``tensors``, each storage once (views share theirs)."""
+    return _bytes(tensors)
+
+
 def optimizer_tensors(optimizer):
     import torch
 
@@ -123,7 +128,11 @@ class memory_limit:  # noqa: N801 - a context manager used like a function
         self._param_keys = {t.untyped_storage().data_ptr() for t in self.model.parameters()}
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
         self._hooks.__enter__()
-        self.check()
+        try:
+            self.check()
+        except BaseException:  # __exit__ will not run: without this the hooks stay installed
+            self.__exit__()  # and every later saved tensor is checked against this budget
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
@@ -191,7 +200,7 @@ def oom_message(request: int, capacity: int, in_use: dict) -> str:
 
 
 BYTES_PER_PARAM = {
-    # weights + gradients + optimizer state, per parameter
+    # weights + gradients + optimizer state, per parameter (kept for lecture 01)
     "fp32-sgd": 4 + 4,
     "fp32-adam": 4 + 4 + 8,  # Adam keeps two fp32 moments
     "mixed-adam": 2 + 2 + 4 + 8,  # fp16 weights and grads, fp32 master weights and moments
@@ -203,3 +212,177 @@ def model_state_bytes(n_params: float, recipe: str = "mixed-adam") -> float:
     if recipe not in BYTES_PER_PARAM:
         raise ValueError(f"recipe must be one of {', '.join(BYTES_PER_PARAM)}")
     return n_params * BYTES_PER_PARAM[recipe]
+
+
+OPTIMIZER_STATE = {"sgd": 0, "momentum": 1, "adam": 2}  # fp32 numbers kept per parameter
+PRECISIONS = ("fp32", "mixed")
+
+
+def bytes_per_param(optimizer: str = "adam", precision: str = "fp32") -> dict:
+    """Bytes per parameter of weights, gradients, optimizer state (the ZeRO paper's 2+2+K).
+
+    fp32: 4 + 4 + 4·(moments). mixed (fp16/bf16 weights and gradients for forward and
+    backward): 2 + 2 + K, K = a 4-byte fp32 master copy + 4 per moment; Adam: K = 12, 16 in all.
+    Lecture 03.
+    """
+    if optimizer not in OPTIMIZER_STATE or precision not in PRECISIONS:
+        raise ValueError(
+            f"optimizer must be one of {', '.join(OPTIMIZER_STATE)} and precision one of "
+            f"{', '.join(PRECISIONS)}, not {optimizer!r}, {precision!r}"
+        )
+    moments = 4 * OPTIMIZER_STATE[optimizer]
+    if precision == "fp32":
+        return {"parameters": 4, "gradients": 4, "optimizer_state": moments}
+    return {"parameters": 2, "gradients": 2, "optimizer_state": 4 + moments}
+
+
+def state_bytes(n_params: int, optimizer: str = "adam", precision: str = "fp32") -> dict:
+    """Bytes of parameters, gradients and optimizer state of one full replica, with total."""
+    out = {k: n_params * v for k, v in bytes_per_param(optimizer, precision).items()}
+    out["total"] = sum(out.values())
+    return out
+
+
+# -- measuring: every tensor this process holds, live ----------------------------------------
+
+PARTS = ("parameters", "gradients", "optimizer_state", "activations", "inputs", "temporaries")
+
+
+def _storage(t):
+    """The storage holding ``t``'s numbers (a DTensor's: its local shard's)."""
+    local = getattr(t, "_local_tensor", None)  # DTensor: the shard this rank holds
+    return (local if local is not None else t).untyped_storage()
+
+
+class track:  # noqa: N801 - a context manager used like a function
+    """Measure memory live: every tensor storage alive in this process, after every operation.
+
+        with helpers.memory.track(model, opt, x) as mem:
+            loss_fn(model(x), y).backward(); opt.step()
+        mem.now(), mem.peak      # bytes by part: parameters, gradients, optimizer_state,
+                                 # activations (saved for backward), inputs (the tensors passed
+                                 # in: the batch), temporaries (everything else)
+
+    Tensors made inside the block are seen as they are created (a dispatch mode sees every
+    operation's outputs); those made before must be passed in (a model, an optimizer, tensors).
+    Sizes are read from the storages at every sample, so a storage FSDP frees with
+    ``resize_(0)`` counts 0 bytes from then on. On a GPU this is what
+    ``torch.cuda.memory_allocated`` counts, less the allocator's rounding. Lecture 03.
+    """
+
+    def __init__(self, model=None, optimizer=None, *tensors):
+        self.model, self.optimizer, self.tensors = model, optimizer, tensors
+        self.live: dict = {}  # id(storage) -> weakref to it
+        self.saved: dict = {}  # id(storage) -> weakref: saved for backward by autograd
+        self.peak: dict = dict.fromkeys((*PARTS, "total"), 0)
+        self.phase_peak = 0  # the largest total since the last mark()
+        self.timeline: list = []  # {"phase", **bytes by part at its end, "peak"} per mark()
+
+    def _add(self, t, into=None) -> None:
+        import torch
+
+        if not isinstance(t, torch.Tensor):
+            return
+        st = _storage(t)
+        into = self.live if into is None else into
+        key = id(st)
+        if key not in into:
+            into[key] = weakref.ref(st, lambda _, k=key, d=into: d.pop(k, None))
+
+    def _known(self):
+        """Storages of the model, its gradients and the optimizer's state, as of now."""
+        params = list(self.model.parameters()) if self.model is not None else []
+        if self.optimizer is not None:
+            params += [p for g in self.optimizer.param_groups for p in g["params"]]
+        state = (
+            [v for s in self.optimizer.state.values() for v in s.values()]
+            if self.optimizer is not None
+            else []
+        )
+        return params, [p.grad for p in params if p.grad is not None], state
+
+    def now(self) -> dict:
+        """Bytes alive now, by part (each storage counted once, in the first part it is in)."""
+        import torch
+
+        params, grads, state = self._known()
+        for t in (*params, *grads, *state):  # made outside the block, e.g. by an optimizer hook
+            self._add(t)
+        out, seen = dict.fromkeys((*PARTS, "total"), 0), set()
+        groups = (
+            ("parameters", params),
+            ("gradients", grads),
+            ("optimizer_state", [v for v in state if isinstance(v, torch.Tensor)]),
+            ("inputs", self.tensors),
+        )
+        for part, tensors in groups:
+            for t in tensors:
+                st = _storage(t)
+                if id(st) not in seen:
+                    seen.add(id(st))
+                    out[part] += st.nbytes()
+        for key, ref in list(self.live.items()):
+            st = ref()
+            if st is None or key in seen:
+                continue
+            part = "activations" if key in self.saved else "temporaries"
+            out[part] += st.nbytes()
+        out["total"] = sum(out[p] for p in PARTS)
+        return out
+
+    def _total(self) -> int:
+        return sum(st.nbytes() for st in (r() for r in list(self.live.values())) if st is not None)
+
+    def _sample(self) -> None:
+        total = self._total()
+        self.phase_peak = max(self.phase_peak, total)
+        if total > self.peak["total"]:
+            self.peak = self.now()
+
+    def mark(self, phase: str) -> dict:
+        """Record the bytes alive now, as the end of ``phase`` (e.g. 'forward'), and its peak."""
+        snap = {"phase": phase, **self.now()}
+        snap["peak"] = max(self.phase_peak, snap["total"])
+        self.phase_peak = snap["total"]
+        self.timeline.append(snap)
+        return snap
+
+    def __enter__(self) -> track:
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        tracker = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                from torch.utils._pytree import tree_leaves
+
+                if any(getattr(t, "__name__", "") == "DTensor" for t in types):
+                    return NotImplemented  # let DTensor run its local ops; we see those
+                out = func(*args, **(kwargs or {}))
+                for t in tree_leaves(out):
+                    tracker._add(t)
+                tracker._sample()
+                return out
+
+        for t in (*[x for group in self._known() for x in group], *self.tensors):
+            self._add(t)
+        if self.model is not None:
+            for b in self.model.buffers():
+                self._add(b)
+
+        def pack(t):  # autograd keeps ``t`` for backward: it is an activation
+            self._add(t, self.saved)
+            return t
+
+        self._mode = Mode()
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+        self._hooks.__enter__()
+        self._mode.__enter__()
+        self._sample()
+        self.phase_peak = self.peak["total"]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._mode.__exit__(*exc)
+        self._hooks.__exit__(*exc)

@@ -73,3 +73,11 @@ def test_parameters_alone_too_big_fail_on_entry_with_nothing_in_use():
             pass
     m = CUDA.match(str(err.value))
     assert m["req"] == fmt_bytes(40_400) and m["used"] == "0 bytes" and m["free"] == "1000 bytes"
+
+
+def test_a_budget_that_fails_on_entry_leaves_no_hook_behind():
+    with pytest.raises(torch.OutOfMemoryError):
+        with helpers.memory_limit(1000, nn.Linear(100, 100)):
+            pass
+    model = nn.Linear(100, 100)
+    model(torch.randn(4, 100)).sum().backward()  # no budget is active any more: no error
