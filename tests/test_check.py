@@ -60,7 +60,7 @@ def test_course_check_passes_on_the_committed_syllabus():
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=1500,
     )
     assert proc.returncode == 0, proc.stdout[-3000:]
 

@@ -21,7 +21,7 @@ def test_the_whole_syllabus_runs_under_papermill_and_lands_in_an_index(tmp_path)
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=1500,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     entries = load_syllabus()
