@@ -48,7 +48,9 @@ from course.release import student_version
 from course.verdict import Checker
 
 VERSION = "3"  # part of the resume key: bump when scoring changes
-UID_BASE = 40000  # grading slot k runs as uid UID_BASE + k when the grader is root
+# Grading slot k runs as uid UID_BASE + k when the grader is root. Two graders on one machine
+# must not share uids (each kills every process of its uids): give each its own base.
+UID_BASE = int(os.environ.get("COURSE_GRADE_UID_BASE", "40000"))
 
 
 @dataclass
