@@ -111,6 +111,15 @@ def _b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode("ascii")
 
 
+def forget(names: list[str]) -> None:
+    """In the kernel, before a probe: drop ``names``, so only what the probe assigns is sent."""
+    from IPython import get_ipython
+
+    ns = get_ipython().user_ns
+    for name in names:
+        ns.pop(name, None)
+
+
 def publish(names: list[str]) -> None:
     """In the kernel, after a probe: send the values of ``names`` (missing and refused noted)."""
     from IPython import get_ipython

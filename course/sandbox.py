@@ -142,6 +142,15 @@ def run_test_cell(client, cell, index: int, names: list[str], timeout_output) ->
     from nbclient.exceptions import CellTimeoutError
 
     merged, error = [], None
+    # A value left by an earlier cell must not stand in for one the probe failed to assign.
+    # (This runs in the kernel, so a submission could undo it: it only spares an honest check
+    # from stale values. A forged value still has to be right to pass a check.)
+    client.execute_cell(
+        nbformat.v4.new_code_cell(
+            f"__import__('course.plain', fromlist=['forget']).forget({names!r})"
+        ),
+        index,
+    )
     for code, hidden in cells.segments(cell.source):
         piece = nbformat.v4.new_code_cell(code)
         try:
