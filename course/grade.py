@@ -264,7 +264,8 @@ def assemble(source, submission, parameters: dict | None = None):
 def split_tests(nb) -> dict:
     """Cut each test cell of ``nb`` to its probe (all the sandbox gets); keep the checks here.
 
-    Returns {grade_id: {'check': [(code, hidden), ...], 'released': the cell as released}}.
+    Returns {grade_id: {'check': [(code, hidden), ...], 'names': what the check reads,
+    'released': the cell as released}}.
     """
     tests = {}
     for cell in nb.cells:
@@ -272,6 +273,7 @@ def split_tests(nb) -> dict:
             probe, check = cells.split_test(cell.source)
             tests[cells.grade_id(cell)] = {
                 "check": cells.segments(check),
+                "names": cells.exports(cell.source),
                 "released": cells.without_hidden(cell.source).rstrip(),
             }
             cell.metadata["grader_test"] = {"exports": cells.exports(cell.source)}
@@ -619,7 +621,9 @@ def grade_one(
                     verdict = {"passed": False, "error": str(probe["probe_error"]), "outputs": []}
                 else:
                     test = tests[q.grade_id]
-                    verdict = checker.check(test["check"], probe.get("data"), q.grade_id)
+                    verdict = checker.check(
+                        test["check"], probe.get("data"), q.grade_id, test["names"]
+                    )
                 value = q.points if verdict["passed"] else 0.0
                 if verdict["passed"] and verdict.get("value") is not None:
                     value = max(0.0, min(q.points, float(verdict["value"])))

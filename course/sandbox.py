@@ -145,13 +145,12 @@ def run_test_cell(client, cell, index: int, names: list[str], timeout_output) ->
     # A value left by an earlier cell must not stand in for one the probe failed to assign.
     # (This runs in the kernel, so a submission could undo it: it only spares an honest check
     # from stale values. A forged value still has to be right to pass a check.)
-    client.execute_cell(
-        nbformat.v4.new_code_cell(
-            f"__import__('course.plain', fromlist=['forget']).forget({names!r})"
-        ),
-        index,
-    )
-    for code, hidden in cells.segments(cell.source):
+    forget = f"__import__('course.plain', fromlist=['forget']).forget({names!r})"
+    try:
+        client.execute_cell(nbformat.v4.new_code_cell(forget), index)
+    except CellTimeoutError:
+        error = "TimeoutError: the kernel did not answer before the probe"
+    for code, hidden in cells.segments(cell.source) if error is None else []:
         piece = nbformat.v4.new_code_cell(code)
         try:
             client.execute_cell(piece, index)

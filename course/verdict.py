@@ -2,7 +2,8 @@
 
 ``course grade`` starts ``python -m course.verdict`` once per submission: a fresh interpreter of
 the grader's own, never the submission's kernel or a child of it. For each test cell it reads
-one JSON line {"pieces": [[code, hidden], ...], "data": what the probe published} on stdin,
+one JSON line {"pieces": [[code, hidden], ...], "data": what the probe published, "names": what
+the check reads} on stdin,
 rebuilds the probe's values with course.plain (exact built-in types, tensors from raw bytes),
 runs the check's pieces in order in a namespace holding only those values, and answers one
 JSON line: passed, value (the last expression, a number: partial credit), error, outputs.
@@ -38,10 +39,18 @@ def _error(ename: str, evalue: str, tb: list[str]) -> dict:
     return {"output_type": "error", "ename": ename, "evalue": evalue, "traceback": tb}
 
 
-def run_check(pieces: list, data, label: str = "check") -> dict:
-    """Run a check's pieces on the probe's published ``data``; the verdict as a dict."""
+def run_check(pieces: list, data, label: str = "check", names: list | None = None) -> dict:
+    """Run a check's pieces on the probe's published ``data``; the verdict as a dict.
+
+    ``names``: what the check reads (course.cells.exports); anything else sent is ignored.
+    """
     try:
         namespace = plain.decode_probe(data)
+        if names is not None:
+            missing = sorted(set(names) - set(namespace))
+            if missing:
+                raise plain.NotPlain(f"the probe did not assign {', '.join(missing)}")
+            namespace = {name: namespace[name] for name in names}
     except plain.NotPlain as exc:
         message = f"the probe's values were refused: {exc}"
         return {
@@ -106,7 +115,9 @@ def main() -> None:
     for line in sys.stdin:
         request = json.loads(line)
         try:
-            answer = run_check(request["pieces"], request["data"], request.get("label", "check"))
+            answer = run_check(
+                request["pieces"], request["data"], request.get("label", "check"), request["names"]
+            )
         except Exception as exc:  # a broken check is the author's bug: a failed test, said so
             answer = {"passed": False, "value": None, "error": f"check error: {exc!r}"[:500]}
             answer["outputs"] = [_error(type(exc).__name__, answer["error"], [])]
@@ -129,13 +140,14 @@ class Checker:
         )
         self.buf = b""
 
-    def check(self, pieces: list, data, label: str) -> dict:
+    def check(self, pieces: list, data, label: str, names: list | None = None) -> dict:
         """The verdict of one test; a check that hangs or crashes fails, and the next starts anew."""
         import time
 
         if self.proc is None:
             self._start()
-        request = json.dumps({"pieces": pieces, "data": data, "label": label}) + "\n"
+        request = {"pieces": pieces, "data": data, "label": label, "names": names}
+        request = json.dumps(request) + "\n"
         try:
             self.proc.stdin.write(request.encode())
             self.proc.stdin.flush()
