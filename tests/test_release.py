@@ -243,3 +243,25 @@ def test_cli_release_refuses_a_test_without_its_check_line(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "lab.ipynb: cell 3 (test_shard): a graded test cell needs exactly one" in proc.stderr
     assert "above it the probe" in proc.stderr and not (tmp_path / "labs" / "lab.ipynb").exists()
+
+
+def test_cli_grade_refuses_a_lab_whose_tests_break_the_convention(tmp_path, capsys):
+    from course import cli
+
+    nb = solution_notebook()
+    nb.cells[3].source = "got = shard(4, 0, 2)\nassert got == [0, 2]"  # no check line
+    nbformat.write(nb, tmp_path / "lab.ipynb")
+    (tmp_path / "subs").mkdir()
+    code = cli.main(
+        [
+            "grade",
+            str(tmp_path / "lab.ipynb"),
+            str(tmp_path / "subs"),
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
+    assert (
+        code == 2
+        and "a graded test cell needs exactly one '# --- check ---'" in capsys.readouterr().err
+    )
