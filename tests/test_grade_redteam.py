@@ -134,7 +134,7 @@ def test_hidden_tests_never_reach_the_feedback_or_the_gradebook(graded):
     for name in ("fails_hidden", "bonus_cell"):
         page = feedback(out, name)
         assert "square(-4)" not in page and "square(0.5)" not in page and "HIDDEN" not in page
-        assert "assert square(3) == 9" in page  # the visible test is shown
+        assert "assert square_3 == 9" in page  # the visible test is shown
     assert "square(-4)" not in (out / "gradebook.csv").read_text()
 
 
@@ -196,6 +196,12 @@ def test_unsafe_grading_is_said_on_every_page_and_in_the_gradebook(tmp_path):
 # with its own kernel before the tests run. The checks run in the grader's own interpreter on
 # plain data, so none of it may earn a point.
 
+
+def code(*parts: str) -> str:
+    """Snippets written indented or not, as one cell."""
+    return "\n".join(textwrap.dedent(part).strip("\n") for part in parts) + "\n"
+
+
 LIARS = """
 class AlwaysEqual:
     def __eq__(self, other): return True
@@ -215,17 +221,19 @@ class LyingList(list):
     __len__ = lambda self: 4
 """
 
+SWALLOW = """
+import ast
+class Swallow(ast.NodeTransformer):
+    def visit_Module(self, node):
+        node.body = [ast.Try(body=[s], handlers=[ast.ExceptHandler(body=[ast.Pass()])],
+                             orelse=[], finalbody=[]) for s in node.body]
+        return ast.fix_missing_locations(node)
+get_ipython().ast_transformers.append(Swallow())
+"""
+
 FORGERIES = {
     # An AST transformer: every statement of every later cell wrapped in try/except: pass.
-    "ast_swallows_errors": """
-        import ast
-        class Swallow(ast.NodeTransformer):
-            def visit_Module(self, node):
-                node.body = [ast.Try(body=[s], handlers=[ast.ExceptHandler(body=[ast.Pass()])],
-                                     orelse=[], finalbody=[]) for s in node.body]
-                return ast.fix_missing_locations(node)
-        get_ipython().ast_transformers.append(Swallow())
-        """,
+    "ast_swallows_errors": SWALLOW,
     # The same, but first the visible tests' answers are left lying in the namespace.
     "swallow_with_answers_preset": """
         import ast
@@ -244,9 +252,11 @@ FORGERIES = {
         get_ipython().set_custom_exc((BaseException,), quiet)
         """,
     # post_run_cell hooks: after every cell, put objects that agree with anything in the
-    # probe's names, clear the output and announce success.
-    "post_run_hook_plants_liars": LIARS
-    + """
+    # probe's names, clear the output and announce success; errors swallowed as above.
+    "post_run_hook_plants_liars": code(
+        LIARS,
+        SWALLOW,
+        """
         from IPython.display import clear_output
         def plant(result):
             get_ipython().user_ns.update(square_3=AlwaysEqual(), square_more=LyingList(),
@@ -255,26 +265,18 @@ FORGERIES = {
             print("[hidden tests passed]")
         get_ipython().events.register("post_run_cell", plant)
         """,
-    # The answers themselves return liars.
-    "answers_always_equal": LIARS
-    + """
-        def square(x): return AlwaysEqual()
-        def mean(xs): return AlwaysEqual()
-        """,
-    "answers_lying_float_subclass": LIARS
-    + """
-        def square(x): return LyingFloat(0)
-        def mean(xs): return LyingFloat(0)
-        """,
-    # Builtins and library functions the checks use, replaced in the kernel; lazy answers.
+    ),
+    # The answers themselves return liars (see ANSWERS).
+    "answers_always_equal": LIARS,
+    "answers_lying_float_subclass": LIARS,
+    # Builtins the checks use, shadowed in the kernel's namespace, and a library function
+    # replaced; lazy answers (see ANSWERS).
     "shadowed_builtins_and_math": """
-        import builtins, math
-        builtins.isinstance = lambda *a: True
-        builtins.abs = lambda x: 0
-        builtins.len = lambda x: 4
+        import math
+        isinstance = lambda *a: True
+        abs = lambda x: 0
+        len = lambda x: 4
         math.isclose = lambda *a, **k: True
-        def square(x): return 0
-        def mean(xs): return 0
         """,
     # The grader's own read-back of the probe's values, rewritten to send forged data:
     # objects by pickle, unknown tags, a bogus tensor.
@@ -293,14 +295,23 @@ FORGERIES = {
         get_ipython().input_transformers_post.append(rewrite)
         """,
 }
+ANSWERS = {  # answers that do no work, written in the answer cells
+    "answers_always_equal": {"square": "return AlwaysEqual()", "mean": "return AlwaysEqual()"},
+    "answers_lying_float_subclass": {
+        "square": "return LyingFloat(0)",
+        "mean": "return LyingFloat(0)",
+    },
+    "shadowed_builtins_and_math": {"square": "return 0", "mean": "return -1.0"},
+}
 # Planted answers do not help either: the grader drops the probe's names before it runs. (An
 # attack aimed at that step could keep them; that is hard-coding the visible tests' answers, as
 # `def square(x): return 4` would, and only hidden tests defend against it: README.)
 
 
-def with_forgery(student, code):
-    nb = nbformat.from_dict(student)  # unanswered: the released stubs
-    nb.cells.insert(cell_index(nb, "imports") + 1, new_code_cell(textwrap.dedent(code)))
+def with_forgery(student, forgery, answers=None):
+    # unanswered (the released stubs) unless lazy answers are given
+    nb = answer(student, **answers) if answers else nbformat.from_dict(student)
+    nb.cells.insert(cell_index(nb, "imports") + 1, new_code_cell(code(forgery)))
     return nb
 
 
@@ -308,7 +319,10 @@ def with_forgery(student, code):
 def forged(tmp_path_factory):
     root = tmp_path_factory.mktemp("forged")
     src, student = release(root)
-    subs = {name: with_forgery(student, code) for name, code in FORGERIES.items()}
+    subs = {
+        name: with_forgery(student, forgery, ANSWERS.get(name))
+        for name, forgery in FORGERIES.items()
+    }
     # Reads every cell the kernel runs and prints them at the end, into the feedback page.
     spy = with_forgery(
         answer(student),
@@ -330,6 +344,14 @@ def test_forging_the_verdict_in_the_kernel_earns_nothing(forged, name):
     r = results[name]
     assert r.status == "graded", r.reason
     assert r.total == 0.0, (r.scores, r.errors)
+    assert forgery_ran(r, FORGERIES[name])
+
+
+def forgery_ran(result, forgery) -> bool:
+    """The attack itself ran without an error (so the 0 is the grader's doing, not a typo's)."""
+    nb = nbformat.read(result.executed, as_version=4)
+    cell = next(c for c in nb.cells if c.source == code(forgery))
+    return not [o for o in cell.outputs if o.get("output_type") == "error"]
 
 
 def test_liars_are_refused_as_data_not_compared(forged):
@@ -337,6 +359,10 @@ def test_liars_are_refused_as_data_not_compared(forged):
     for name in ("answers_always_equal", "answers_lying_float_subclass"):
         assert "not plain data" in results[name].errors["test_square"], results[name].errors
     assert "not plain data" in results["post_run_hook_plants_liars"].errors["test_noisy"]
+    shadowed = results["shadowed_builtins_and_math"]
+    assert (
+        shadowed.scores["test_mean"] == 0.0 and "AssertionError" in shadowed.errors["test_square"]
+    )
     assert "unknown tag 'pickle'" in results["forged_export"].errors["test_square"]
 
 
@@ -346,6 +372,10 @@ def test_a_submission_sees_hidden_inputs_never_hidden_checks(forged):
     page = feedback(out, "reads_the_cells_it_runs")
     assert "square(-4)" in page  # a hidden probe's inputs reach the student's code: by design
     assert "[16, 0.25]" not in page and "want.append(5.0)" not in page  # its checks never do
+
+
+def cell_gid(cell):
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
 
 
 def tensor_source():
@@ -437,9 +467,6 @@ TENSOR_FORGERIES = {
         torch.testing.assert_close = lambda *a, **k: None
         numpy.testing.assert_allclose = lambda *a, **k: None
         torch.Tensor.__eq__ = lambda self, other: torch.tensor(True)
-        def double(t): return t
-        def halve(a): return a
-        def rank_sum(): return 0.0
         """,
     # The launcher replaced by one that returns what the visible test expects.
     "patched_helpers_launch": """
@@ -456,9 +483,18 @@ TENSOR_FORGERIES = {
                 return torch.tensor(True) if "eq" in func.__name__ else super().__torch_function__(func, types, args, kwargs or {})
         class Agree(np.ndarray):
             def __eq__(self, other): return np.ones(np.shape(other), dtype=bool)
-        def double(t): return torch.zeros(4).as_subclass(Liar)
-        def halve(a): return np.zeros(4).view(Agree)
         """,
+}
+TENSOR_ANSWERS = {  # answers that do no work, written in the answer cells
+    "patched_assert_close_and_numpy_testing": {
+        "double": "def double(t):\n    return t",
+        "halve": "def halve(a):\n    return a",
+        "rank_sum": "def rank_sum():\n    return 0.0",
+    },
+    "tensor_and_array_subclasses": {
+        "double": "def double(t):\n    return torch.zeros(4).as_subclass(Liar)",
+        "halve": "def halve(a):\n    return np.zeros(4).view(Agree)",
+    },
 }
 
 
@@ -471,9 +507,11 @@ def forged_tensors(tmp_path_factory):
     nbformat.write(source, src)
     student = student_version(source)
     subs = {"perfect": source}
-    for name, code in TENSOR_FORGERIES.items():
+    for name, forgery in TENSOR_FORGERIES.items():
         nb = nbformat.from_dict(student)
-        nb.cells.insert(1, new_code_cell(textwrap.dedent(code)))
+        for cell in nb.cells:
+            cell.source = TENSOR_ANSWERS.get(name, {}).get(cell_gid(cell), cell.source)
+        nb.cells.insert(1, new_code_cell(code(forgery)))
         subs[name] = nb
     return grade(
         src, write(root / "subs", subs), root / "out", jobs=2, progress=False, limits=LIMITS
@@ -490,3 +528,10 @@ def test_patched_libraries_and_tensor_liars_earn_nothing(forged_tensors, name):
     r = forged_tensors[name]
     assert r.status == "graded", r.reason
     assert r.total == 0.0, (r.scores, r.errors)
+    assert forgery_ran(r, TENSOR_FORGERIES[name])
+
+
+def test_tensor_liars_are_refused_as_data(forged_tensors):
+    errors = forged_tensors["tensor_and_array_subclasses"].errors
+    assert "Liar, not plain data" in errors["test_double"], errors
+    assert "Agree, not plain data" in errors["test_halve"], errors
