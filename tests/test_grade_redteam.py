@@ -279,8 +279,10 @@ FORGERIES = {
         math.isclose = lambda *a, **k: True
         """,
     # The grader's own read-back of the probe's values, rewritten to send forged data:
-    # objects by pickle, unknown tags, a bogus tensor.
-    "forged_export": """
+    # objects by pickle, unknown tags, a bogus tensor; errors swallowed so the probe "passes".
+    "forged_export": code(
+        SWALLOW,
+        """
         import base64, json, pickle
         forged = {"values": {
             "square_3": {"$": "pickle", "v": base64.b64encode(pickle.dumps(9)).decode()},
@@ -294,6 +296,7 @@ FORGERIES = {
             return lines
         get_ipython().input_transformers_post.append(rewrite)
         """,
+    ),
 }
 ANSWERS = {  # answers that do no work, written in the answer cells
     "answers_always_equal": {"square": "return AlwaysEqual()", "mean": "return AlwaysEqual()"},
