@@ -4,17 +4,35 @@ A cell's ``metadata.nbgrader`` holds ``grade_id``, ``grade`` (a test cell that e
 ``solution`` (the student writes here), ``locked`` (the student must not change it), ``points``
 and ``schema_version``. In code, ``### BEGIN SOLUTION`` / ``### END SOLUTION`` delimit what the
 student version replaces; ``### BEGIN HIDDEN TESTS`` / ``### END HIDDEN TESTS`` what it omits.
+
+A graded test cell is split by one ``# --- check ---`` line. Above it, the *probe*: it calls the
+student's code and assigns plain values (it runs in the student's kernel). Below it, the
+*check*: it asserts on the names the probe assigned (when grading it runs in a fresh interpreter
+of the grader's, on a copy of those values as plain data, so nothing the submission did to its
+own kernel can make it pass). Each half may hold hidden tests. In JupyterLab and under nbgrader
+the whole cell runs as written, probe then check.
 """
 
 from __future__ import annotations
 
+import ast
+import builtins
 import hashlib
 import re
+import symtable
 
 MARKERS = {
     "SOLUTION": ("### BEGIN SOLUTION", "### END SOLUTION"),
     "HIDDEN TESTS": ("### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"),
 }
+
+
+CHECK = "# --- check ---"
+CONVENTION = (
+    f"split it with a line '{CHECK}': above it the probe, which calls the student's code and "
+    "assigns plain values (numbers, strings, lists, dicts, tensors); below it the check, which "
+    "asserts on those names only (README, 'Writing graded tests')"
+)
 
 
 class FormatError(ValueError):
@@ -65,6 +83,130 @@ def regions(source: str, kind: str, place: str) -> list[tuple[int, int]]:
     return out
 
 
+def split_test(source: str) -> tuple[str, str]:
+    """(probe, check): the lines of a graded test cell above and below its check line."""
+    lines = source.splitlines()
+    at = [i for i, line in enumerate(lines) if line.rstrip() == CHECK]
+    if len(at) != 1:
+        raise FormatError(
+            f"a graded test cell needs exactly one '{CHECK}' line, found {len(at)}: {CONVENTION}"
+        )
+    k = at[0]
+    return "\n".join(lines[:k]), "\n".join(lines[k + 1 :])
+
+
+def segments(source: str) -> list[tuple[str, bool]]:
+    """``source`` split into (code, hidden) pieces, in order, without the marker lines.
+
+    Each piece runs as its own execution, so a failure is known to be in a visible or a hidden
+    test without reading line numbers, and what a hidden piece printed or raised can be kept out
+    of the feedback (its assertions often spell out the expected values).
+    """
+    lines = source.splitlines()
+    out, at = [], 0
+    for begin, end in regions(source, "HIDDEN TESTS", "test cell"):
+        out.append(("\n".join(lines[at:begin]), False))
+        out.append(("\n".join(lines[begin + 1 : end]), True))
+        at = end + 1
+    out.append(("\n".join(lines[at:]), False))
+    return [(code, hidden) for code, hidden in out if code.strip()] or [("", False)]
+
+
+def without_hidden(source: str, place: str = "test cell") -> str:
+    """``source`` as released: the hidden test regions left out (line numbers not kept)."""
+    lines = source.splitlines()
+    for begin, end in reversed(regions(source, "HIDDEN TESTS", place)):
+        del lines[begin : end + 1]
+    return "\n".join(lines)
+
+
+def _scopes(table):
+    yield table
+    for child in table.get_children():
+        yield from _scopes(child)
+
+
+def bound_names(code: str) -> dict[str, str]:
+    """Names the top level of ``code`` binds: name -> 'assigned' | 'imported' | 'defined'."""
+    out = {}
+    for sym in symtable.symtable(code, "<cell>", "exec").get_symbols():
+        if sym.is_imported():
+            out[sym.get_name()] = "imported"
+        elif sym.is_namespace():
+            out[sym.get_name()] = "defined"
+        elif sym.is_assigned():
+            out[sym.get_name()] = "assigned"
+    return out
+
+
+def read_names(code: str) -> set[str]:
+    """Global names ``code`` reads and does not bind itself (builtins left out)."""
+    top = symtable.symtable(code, "<cell>", "exec")
+    bound = set(bound_names(code))
+    read = {s.get_name() for s in top.get_symbols() if s.is_referenced()}
+    for scope in list(_scopes(top))[1:]:
+        read |= {s.get_name() for s in scope.get_symbols() if s.is_referenced() and s.is_global()}
+    return read - bound - set(dir(builtins))
+
+
+def exports(source: str) -> list[str]:
+    """The names a test cell's probe sends to its check: those the check reads."""
+    probe, check = split_test(source)
+    assigned = {n for n, how in bound_names(probe).items() if how == "assigned"}
+    return sorted(read_names(check) & assigned)
+
+
+def _asserts(code: str) -> list[int]:
+    """Lines of ``assert`` statements and ``assert...(...)`` calls in ``code``."""
+    found = []
+    for node in ast.walk(ast.parse(code)):
+        call = node.func if isinstance(node, ast.Call) else None
+        name = getattr(call, "attr", None) or getattr(call, "id", None) or ""
+        if isinstance(node, ast.Assert) or name.lower().startswith("assert"):
+            found.append(node.lineno)
+    return sorted(set(found))
+
+
+def validate_test(source: str, place: str) -> None:
+    """A graded test cell follows the probe/check convention, as written and as released."""
+    for begin, end in regions(source, "HIDDEN TESTS", place):
+        if any(line.rstrip() == CHECK for line in source.splitlines()[begin : end + 1]):
+            raise FormatError(f"{place}: '{CHECK}' inside hidden tests: put it between them")
+    try:
+        probe, check = split_test(source)
+    except FormatError as exc:
+        raise FormatError(f"{place}: {exc}") from None
+    for version, text in (("", source), (" (as released, hidden tests left out)", None)):
+        if text is None:
+            probe, check = split_test(without_hidden(source, place))
+        try:
+            lines = _asserts(probe)
+            bound, read = bound_names(probe), read_names(check)
+        except SyntaxError as exc:
+            raise FormatError(
+                f"{place}: a graded test cell must be plain Python (line {exc.lineno}: {exc.msg})"
+            ) from None
+        if lines:
+            raise FormatError(
+                f"{place}: the probe asserts on line {lines[0]}: move every assertion below "
+                f"'{CHECK}' (in the probe it would run in the student's kernel, where it can be "
+                "forged, and show its expected values to the submission)"
+            )
+        if read - set(bound):
+            raise FormatError(
+                f"{place}: the check reads {', '.join(sorted(read - set(bound)))}{version}, "
+                "which its probe does not assign: the check runs apart from the student's kernel "
+                "and sees only the plain values the probe assigns (call the student's code in "
+                "the probe and assign the results; import modules and define helpers in the check)"
+            )
+        code = sorted(n for n in read if bound[n] != "assigned")
+        if code:
+            raise FormatError(
+                f"{place}: the check reads {', '.join(code)}, which the probe imports or defines: "
+                "only plain values cross to the check; import or define it in the check"
+            )
+
+
 def validate(nb) -> None:
     """Check the whole notebook: unique grade_ids, points on graded cells, closed markers."""
     seen: dict[str, int] = {}
@@ -90,6 +232,8 @@ def validate(nb) -> None:
         if cell.cell_type == "code":
             for kind in MARKERS:
                 regions(cell.source, kind, place)
+            if i.get("grade") and not i.get("solution"):
+                validate_test(cell.source, place)
     if tagged > 1:
         raise FormatError(f"{tagged} cells are tagged 'parameters'; papermill needs exactly one")
 

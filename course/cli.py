@@ -121,6 +121,7 @@ def _grade(args) -> int:
         cell_timeout=args.cell_timeout, budget=args.budget, memory=parse_bytes(args.memory)
     )
     out = Path(args.out) if args.out else REPO / "build" / "grades" / lab.stem
+    from course.cells import FormatError
     from course.grade import UNSAFE, IsolationUnavailable
 
     try:
@@ -133,7 +134,7 @@ def _grade(args) -> int:
             parameters=parameters,
             isolation=UNSAFE if args.unsafe_no_isolation else "auto",
         )
-    except IsolationUnavailable as exc:
+    except (IsolationUnavailable, FormatError) as exc:  # FormatError: the lab's own authoring
         print(f"course grade: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -7,8 +7,12 @@ For each submission (a notebook file, or a folder holding one):
   run        it in course.sandbox under the strongest isolation this machine allows (own uid,
              no network, hidden files, cgroup limits, rlimits), every cell even after failures,
              a per-cell timeout and a wall-clock budget, then kill everything it started;
-  score      each test cell: full points when it runs to its end, a number it returns is partial
-             credit (capped), stderr never costs points; markdown answers wait for a human.
+  check      each test cell in two halves (course.cells): its probe runs in the sandboxed kernel
+             and sends plain data out (course.plain); its check runs on that data in a fresh
+             interpreter of the grader's (course.verdict), so nothing a submission does to its
+             own kernel can make a test pass, and hidden checks never enter the sandbox;
+  score      full points when the check runs to its end, a number it ends with is partial
+             credit (capped), stderr never costs points; written answers wait for a human.
 The gradebook (gradebook.csv) is rewritten atomically after every submission, so Ctrl-C keeps
 every finished grade; a re-run skips submissions already graded and unchanged.
 """
@@ -41,9 +45,12 @@ import psutil
 
 from course import cells
 from course.release import student_version
+from course.verdict import Checker
 
-VERSION = "2"  # part of the resume key: bump when scoring changes
-UID_BASE = 40000  # grading slot k runs as uid UID_BASE + k when the grader is root
+VERSION = "3"  # part of the resume key: bump when scoring changes
+# Grading slot k runs as uid UID_BASE + k when the grader is root. Two graders on one machine
+# must not share uids (each kills every process of its uids): give each its own base.
+UID_BASE = int(os.environ.get("COURSE_GRADE_UID_BASE", "40000"))
 
 
 @dataclass
@@ -89,10 +96,15 @@ def blank_scores(qs: list[Question]) -> dict:
 
 def questions(source) -> list[Question]:
     return [
-        Question(cells.grade_id(c), float(cells.info(c)["points"]), c.cell_type == "markdown")
+        Question(cells.grade_id(c), float(cells.info(c)["points"]), _is_answer(c))
         for c in source.cells
         if cells.is_graded(c)
     ]
+
+
+def _is_answer(cell) -> bool:
+    """A graded cell the student writes (markdown or code): a person grades it."""
+    return cell.cell_type == "markdown" or bool(cells.info(cell).get("solution"))
 
 
 def _notebooks_in(folder: Path) -> tuple[list[Path], str | None]:
@@ -234,7 +246,7 @@ def assemble(source, submission, parameters: dict | None = None):
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
-            if cells.is_graded(cell):
+            if cells.is_graded(cell) and not _is_answer(cell):
                 cell.metadata["grader_test"] = True
     if parameters:
         tagged = next(
@@ -247,6 +259,26 @@ def assemble(source, submission, parameters: dict | None = None):
             tagged + 1, nbformat.v4.new_code_cell(code, metadata={"tags": ["injected-parameters"]})
         )
     return nb, flags
+
+
+def split_tests(nb) -> dict:
+    """Cut each test cell of ``nb`` to its probe (all the sandbox gets); keep the checks here.
+
+    Returns {grade_id: {'check': [(code, hidden), ...], 'names': what the check reads,
+    'released': the cell as released}}.
+    """
+    tests = {}
+    for cell in nb.cells:
+        if cell.cell_type == "code" and cell.metadata.get("grader_test"):
+            probe, check = cells.split_test(cell.source)
+            tests[cells.grade_id(cell)] = {
+                "check": cells.segments(check),
+                "names": cells.exports(cell.source),
+                "released": cells.without_hidden(cell.source).rstrip(),
+            }
+            cell.metadata["grader_test"] = {"exports": cells.exports(cell.source)}
+            cell.source = probe
+    return tests
 
 
 # -- isolation --------------------------------------------------------------------------------
@@ -474,6 +506,7 @@ def grade_one(
     if nb is None:
         return Result(student, "invalid", reason, blank_scores(qs))
     graded_nb, flags = assemble(source, nb, parameters)
+    tests = split_tests(graded_nb)
     marker = uuid.uuid4().hex
     uid = UID_BASE + slot if iso.uid else None
     private = Path(tempfile.mkdtemp(prefix="job-", dir=work))
@@ -523,7 +556,7 @@ def grade_one(
     group.add(runner.pid)
     result = Result(student, "graded", flags=flags)
     lines = _Reader(read_fd)
-    status, reason, notebook = "graded", "", None
+    status, reason, notebook, probes = "graded", "", None, {}
     deadline = start + limits.budget
     try:
         while True:
@@ -532,14 +565,8 @@ def grade_one(
                 if "isolation" in msg:
                     result.isolation = msg["isolation"]
                 elif "grade_id" in msg:
-                    q = next((q for q in qs if q.grade_id == msg["grade_id"]), None)
-                    if q is not None:
-                        value = q.points if msg["passed"] else 0.0
-                        if msg["passed"] and msg["value"] is not None:
-                            value = max(0.0, min(q.points, msg["value"]))
-                        result.scores[q.grade_id] = value
-                        if msg["error"]:
-                            result.errors[q.grade_id] = msg["error"]
+                    if msg["grade_id"] in tests:
+                        probes[msg["grade_id"]] = msg
                 elif "notebook" in msg:
                     notebook = msg["notebook"]
                     if msg.get("dead"):
@@ -581,13 +608,46 @@ def grade_one(
         shutil.rmtree(workdir, ignore_errors=True)
     if notebook is None and status == "graded":
         status, reason = "error", reason or "the run ended without a result (see runner.log)"
+    # The verdicts, now that nothing of the submission runs any more: each check on its data.
+    outputs = {}
+    with open(private / "checker.log", "wb") as log:
+        checker = Checker(str(private), limits.cell_timeout, log)
+        try:
+            for q in qs:
+                probe = probes.get(q.grade_id)
+                if probe is None:
+                    continue
+                if probe.get("probe_error"):
+                    verdict = {"passed": False, "error": str(probe["probe_error"]), "outputs": []}
+                else:
+                    test = tests[q.grade_id]
+                    verdict = checker.check(
+                        test["check"], probe.get("data"), q.grade_id, test["names"]
+                    )
+                value = q.points if verdict["passed"] else 0.0
+                if verdict["passed"] and verdict.get("value") is not None:
+                    value = max(0.0, min(q.points, float(verdict["value"])))
+                result.scores[q.grade_id] = value
+                if verdict["error"]:
+                    result.errors[q.grade_id] = verdict["error"]
+                outputs[q.grade_id] = verdict["outputs"]
+        finally:
+            checker.close()
     result.scores = {**blank_scores(qs), **result.scores}
     result.status, result.reason, result.seconds = status, reason, time.monotonic() - start
     if iso.mode == UNSAFE:  # said wherever a grade is read: the gradebook and the feedback
         result.reason = "; ".join(filter(None, [reason, "UNSAFE: graded without isolation"]))
         result.flags.append(UNSAFE_NOTE)
     if notebook is not None:
-        nbformat.write(nbformat.from_dict(notebook), private / "executed.ipynb")
+        notebook = nbformat.from_dict(notebook)
+        for cell in notebook.cells:  # as the student sees it: the released test, both halves
+            gid = cells.grade_id(cell)
+            if gid in tests and cell.get("metadata", {}).get("grader_test"):
+                cell.source = tests[gid]["released"]
+                cell.outputs = list(cell.get("outputs", [])) + [
+                    nbformat.from_dict(o) for o in outputs.get(gid, [])
+                ]
+        nbformat.write(notebook, private / "executed.ipynb")
     result.executed = private / "executed.ipynb" if notebook is not None else None
     return result
 

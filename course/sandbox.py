@@ -2,32 +2,34 @@
 
 Started by course.grade as ``[unshare --net --mount --fork --] python -m course.sandbox JOB FD``.
 This process stays root where the grader is root; it
-  1. reads the job (the notebook with its hidden tests) while it can,
+  1. reads the job (the notebook; its test cells hold only their probes) while it can,
   2. brings loopback up in its new network namespace (no network, ports of its own),
   3. hides the solutions, the other submissions and the grader's files under empty tmpfs mounts,
   4. makes itself non-dumpable (the submission cannot read the secrets in its memory),
   5. starts the kernel through course._kernel_shim, which applies the resource limits and drops
      to the job's unprivileged uid before Python starts the kernel,
-  6. runs every cell (a failing cell does not stop the run) and, after each test cell, writes one
-     JSON line to FD: passed, partial value, error. The last line carries the executed notebook.
-A test cell passes when it ends by printing a secret drawn here for that cell: a cell that
-raises never reaches the print, and a submission cannot print it in advance, or fake success.
+  6. runs every cell (a failing cell does not stop the run) and, after each test cell's probe,
+     writes one JSON line to FD: the probe's error, if any, and the values its check reads, as
+     the kernel published them (course.plain). The last line carries the executed notebook.
+Nothing here decides a grade: whatever comes out of the kernel may be forged. The grader runs
+each test's check on that data in an interpreter of its own (course.verdict).
 """
 
 from __future__ import annotations
 
-import ast
 import ctypes
 import fcntl
 import json
 import os
-import secrets
 import shutil
 import socket
 import struct
 import sys
 import tempfile
 from pathlib import Path
+
+from course import cells
+from course.plain import MAX_BYTES, MIME
 
 OUTPUT_LIMIT = 100_000  # bytes of output kept per cell; the rest is dropped with a note
 
@@ -121,109 +123,69 @@ def not_dumpable() -> None:
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no ptrace, no /proc/pid/mem
 
 
-def instrument(source: str, nonce: str) -> str:
-    """The test cell followed by printing ``nonce`` and the cell's last value (partial credit)."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:  # IPython syntax (magics): no partial credit, still the nonce
-        return f"{source}\nprint({nonce!r}, None)"
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        tree.body[-1] = ast.Assign(
-            targets=[ast.Name("_grader_value", ast.Store())], value=tree.body[-1].value, lineno=0
-        )
-        ast.fix_missing_locations(tree)
-        body = ast.unparse(tree)
-        return f"{body}\nprint({nonce!r}, repr(_grader_value) if isinstance(_grader_value, (int, float)) else None)"
-    return f"{source}\nprint({nonce!r}, None)"
+def hidden_error(ename: str):
+    import nbformat
+
+    return nbformat.v4.new_output(
+        "error", ename=ename or "Error", evalue="a hidden test failed", traceback=[]
+    )
 
 
-def cell_result(cell, nonce: str) -> dict:
-    """passed / value / error from a test cell's outputs, and the nonce line removed from them."""
-    passed, value, error = False, None, None
-    for out in cell.get("outputs", []):
-        if out.get("output_type") == "error":
-            error = f"{out.get('ename')}: {out.get('evalue')}"
-        if out.get("output_type") == "stream" and nonce in out.get("text", ""):
-            lines = out["text"].splitlines(keepends=True)
-            for line in lines:
-                if line.startswith(nonce):
-                    passed = True
-                    raw = line[len(nonce) :].strip()
-                    try:
-                        value = float(ast.literal_eval(raw)) if raw not in ("", "None") else None
-                    except (ValueError, SyntaxError):
-                        value = None
-            out["text"] = "".join(line for line in lines if not line.startswith(nonce))
-    return {"passed": passed and error is None, "value": value, "error": error}
+def run_test_cell(client, cell, index: int, names: list[str], timeout_output) -> dict:
+    """Run a test cell's probe piece by piece, then read back the values its check needs.
 
-
-def segments(source: str) -> list[tuple[str, bool]]:
-    """A test cell split into (code, hidden) pieces, in order, without the marker lines.
-
-    Each piece runs as its own execution, so a failure is known to be in a visible or a hidden
-    test without reading line numbers, and what a hidden piece printed or raised can be kept out
-    of the feedback (its assertions often spell out the expected values).
+    Returns {'probe_error': text or None, 'data': what the kernel published, or None}. Nothing
+    here decides whether the test passed: the kernel could fake any status. The grader's
+    checker decides, from ``data`` alone. What hidden pieces print or raise is not shown.
     """
-    from course import cells
-
-    lines = source.splitlines()
-    out, at = [], 0
-    for begin, end in cells.regions(source, "HIDDEN TESTS", "test cell"):
-        out.append(("\n".join(lines[at:begin]), False))
-        out.append(("\n".join(lines[begin + 1 : end]), True))
-        at = end + 1
-    out.append(("\n".join(lines[at:]), False))
-    return [(code, hidden) for code, hidden in out if code.strip()] or [("", False)]
-
-
-def run_test_cell(client, cell, index: int, nonce: str, timeout_output) -> None:
-    """Run a test cell piece by piece; stop at the first failure; hidden pieces show no detail."""
     import nbformat
     from nbclient.exceptions import CellTimeoutError
 
-    pieces = segments(cell.source)
-    merged = []
-    for k, (code, hidden) in enumerate(pieces):
-        piece = nbformat.v4.new_code_cell(instrument(code, nonce) if k == len(pieces) - 1 else code)
+    merged, error = [], None
+    # A value left by an earlier cell must not stand in for one the probe failed to assign.
+    # (This runs in the kernel, so a submission could undo it: it only spares an honest check
+    # from stale values. A forged value still has to be right to pass a check.)
+    forget = f"__import__('course.plain', fromlist=['forget']).forget({names!r})"
+    try:
+        client.execute_cell(nbformat.v4.new_code_cell(forget), index)
+    except CellTimeoutError:
+        error = "TimeoutError: the kernel did not answer before the probe"
+    for code, hidden in cells.segments(cell.source) if error is None else []:
+        piece = nbformat.v4.new_code_cell(code)
         try:
             client.execute_cell(piece, index)
         except CellTimeoutError:
             piece.outputs.append(timeout_output())
         errors = [o for o in piece.outputs if o.get("output_type") == "error"]
+        if errors:
+            ename = str(errors[0].get("ename", "Error"))
+            evalue = "a hidden test failed" if hidden else str(errors[0].get("evalue", ""))
+            error = f"{ename}: {evalue}"
         if hidden:
-            seen = [
-                o
-                for o in piece.outputs
-                if o.get("output_type") == "stream" and nonce in o.get("text", "")
-            ]
-            if errors:
-                piece.outputs = [
-                    nbformat.v4.new_output(
-                        "error",
-                        ename=errors[0].get("ename", "Error"),
-                        evalue="a hidden test failed",
-                        traceback=[],
-                    )
-                ]
-            else:  # keep only the grader's own line (the nonce), not what the tests printed
-                piece.outputs = [
-                    nbformat.v4.new_output(
-                        "stream",
-                        name="stdout",
-                        text="".join(
-                            line
-                            for o in seen
-                            for line in o["text"].splitlines(keepends=True)
-                            if line.startswith(nonce)
-                        )
-                        + "[hidden tests passed]\n",
-                    )
-                ]
+            piece.outputs = [hidden_error(errors[0].get("ename"))] if errors else []
         merged += piece.outputs
         if errors:
             break
+    data = None
+    if error is None:
+        export = nbformat.v4.new_code_cell(
+            f"__import__('course.plain', fromlist=['publish']).publish({names!r})"
+        )
+        client.published = []
+        try:
+            client.execute_cell(export, index)
+        except CellTimeoutError:
+            pass
+        data = client.published[0] if client.published else None
+        client.published = None
+        if data is None:
+            failed = [o for o in export.outputs if o.get("output_type") == "error"]
+            error = "ProbeError: the probe's values could not be read from the kernel" + (
+                f" ({failed[0].get('ename')}: {failed[0].get('evalue')})" if failed else ""
+            )
     cell.outputs = merged
     client.nb.cells[index] = cell  # nbclient stores the cell it executed: put the real one back
+    return {"probe_error": error, "data": data}
 
 
 def kernelspec_dir(job: dict) -> str:
@@ -246,14 +208,15 @@ def kernelspec_dir(job: dict) -> str:
 
 
 def run(job: dict, emit) -> None:
-    """Execute the job's notebook in a kernel (test cells piece by piece) and emit results."""
+    """Execute the job's notebook in a kernel (test cells' probes piece by piece), emit results."""
     import nbformat
 
     nb = nbformat.from_dict(job["notebook"])
-    nonces = {}
+    probes = {}  # test cells (their probes only: the checks never come here) -> names to send
     for cell in nb.cells:
-        if cell.get("metadata", {}).get("grader_test"):
-            nonces[id(cell)] = secrets.token_hex(16)
+        test = cell.get("metadata", {}).get("grader_test")
+        if test:
+            probes[id(cell)] = list(test["exports"])
 
     def timeout_output():
         return nbformat.v4.new_output(
@@ -266,18 +229,26 @@ def run(job: dict, emit) -> None:
     specs = kernelspec_dir(job)
     os.environ["JUPYTER_PATH"] = specs
     try:
-        _run(job, emit, nb, nonces, timeout_output)
+        _run(job, emit, nb, probes, timeout_output)
     finally:
         shutil.rmtree(specs, ignore_errors=True)  # no graded-kernels-* left behind
 
 
-def _run(job: dict, emit, nb, nonces: dict, timeout_output) -> None:
+def _run(job: dict, emit, nb, probes: dict, timeout_output) -> None:
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
     class Client(NotebookClient):
+        published = None  # a list while a probe's values are being read back
+
         def output(self, outs, msg, display_id, cell_index):
+            data = msg.get("content", {}).get("data") or {}
+            if msg.get("msg_type") in ("display_data", "execute_result") and MIME in data:
+                text = data[MIME]  # capped here: the kernel's own cap could be patched away
+                if self.published is not None and isinstance(text, str) and len(text) <= MAX_BYTES:
+                    self.published.append(text)
+                return None  # never an output of the notebook
             size = sum(len(json.dumps(o)) for o in outs)
             if size > OUTPUT_LIMIT:
                 if not any(o.get("name") == "grader" for o in outs):
@@ -306,35 +277,27 @@ def _run(job: dict, emit, nb, nonces: dict, timeout_output) -> None:
         for index, cell in enumerate(nb.cells):
             if cell.cell_type != "code":
                 continue
+            probe = {"probe_error": dead, "data": None}
             if dead is None:
                 try:
-                    if id(cell) in nonces:
-                        run_test_cell(client, cell, index, nonces[id(cell)], timeout_output)
+                    if id(cell) in probes:
+                        probe = run_test_cell(client, cell, index, probes[id(cell)], timeout_output)
                     else:
                         client.execute_cell(cell, index)
                 except CellTimeoutError:
                     cell.outputs.append(timeout_output())
                 except DeadKernelError as exc:
                     dead = f"the kernel died ({exc})"
-            if id(cell) in nonces:
-                result = (
-                    cell_result(cell, nonces[id(cell)])
-                    if dead is None
-                    else {"passed": False, "value": None, "error": dead}
-                )
+                    probe = {"probe_error": dead, "data": None}
+            if id(cell) in probes:
                 if dead is not None and not cell.outputs:
                     cell.outputs = [
                         nbformat.v4.new_output(
                             "error", ename="KernelDied", evalue=dead, traceback=[]
                         )
                     ]
-                cell.source = "\n".join(
-                    code for code, hidden in segments(cell.source) if not hidden
-                )
-                emit({"grade_id": cell.metadata["nbgrader"]["grade_id"], **result})
-    for cell in nb.cells:  # the feedback shows what the student was given, never hidden tests
-        if id(cell) in nonces and "HIDDEN TESTS" in cell.source:
-            cell.source = "\n".join(code for code, hidden in segments(cell.source) if not hidden)
+                cell.source = cells.without_hidden(cell.source)
+                emit({"grade_id": cell.metadata["nbgrader"]["grade_id"], **probe})
     emit({"notebook": nb, "dead": dead})
 
 

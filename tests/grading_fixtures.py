@@ -42,8 +42,10 @@ def source() -> nbformat.NotebookNode:
                 metadata=meta("square", solution=True),
             ),
             new_code_cell(
-                "assert square(3) == 9\n### BEGIN HIDDEN TESTS\nassert square(-4) == 16\n"
-                "assert square(0.5) == 0.25\n### END HIDDEN TESTS",
+                "square_3 = square(3)\n### BEGIN HIDDEN TESTS\nsquare_more = [square(-4), square(0.5)]\n"
+                "### END HIDDEN TESTS\n# --- check ---\nassert square_3 == 9, square_3\n"
+                "### BEGIN HIDDEN TESTS\nassert square_more == [16, 0.25], square_more\n"
+                "### END HIDDEN TESTS",
                 metadata=meta("test_square", grade=True, points=2),
             ),
             new_code_cell(
@@ -51,15 +53,19 @@ def source() -> nbformat.NotebookNode:
                 metadata=meta("mean", solution=True),
             ),
             new_code_cell(
-                "cases = [([1, 2, 3], 2.0), ([5], 5.0), ([-1, 1], 0.0)]\n"
-                "### BEGIN HIDDEN TESTS\ncases.append(([2, 4, 6, 8], 5.0))\n### END HIDDEN TESTS\n"
-                "right = sum(math.isclose(mean(xs), want) for xs, want in cases)\n"
-                "3 * right / len(cases)",
+                "inputs = [[1, 2, 3], [5], [-1, 1]]\n"
+                "### BEGIN HIDDEN TESTS\ninputs.append([2, 4, 6, 8])\n### END HIDDEN TESTS\n"
+                "means = [mean(xs) for xs in inputs]\n# --- check ---\nimport math\n"
+                "want = [2.0, 5.0, 0.0]\n"
+                "### BEGIN HIDDEN TESTS\nwant.append(5.0)\n### END HIDDEN TESTS\n"
+                "assert len(means) == len(want), means\n"
+                "right = sum(math.isclose(got, w) for got, w in zip(means, want))\n"
+                "3 * right / len(want)",
                 metadata=meta("test_mean", grade=True, points=3),
             ),
             new_code_cell(
                 "warnings.warn('a harmless library warning')\nprint('noise on stderr', file=sys.stderr)\n"
-                "assert square(2) == 4",
+                "square_2 = square(2)\n# --- check ---\nassert square_2 == 4",
                 metadata=meta("test_noisy", grade=True, points=1),
             ),
             new_markdown_cell(

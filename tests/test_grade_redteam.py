@@ -3,13 +3,16 @@
 Each submission is built from the fixture assignment (tests/grading_fixtures.py) the way a
 student who wants points without the work would build it, and graded for real. What is
 asserted: the points it really earned, nothing more, and nothing hidden shown back to it.
-(Attacks that forge a test's verdict from inside the kernel are issue 11's item 1, not here.)
+Attacks that forge a test's verdict from inside the kernel (hooks, transformers, liars,
+shadowed builtins, patched libraries) are at the end, on this assignment and on a small one
+whose checks use torch, numpy and helpers.launch.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+import textwrap
 
 import nbformat
 import pytest
@@ -17,6 +20,7 @@ from grading_fixtures import answer, cell_index, release, write
 from nbformat.v4 import new_code_cell, new_markdown_cell
 
 from course.grade import Limits, grade, load_submission
+from course.release import student_version
 
 LIMITS = Limits(cell_timeout=30, budget=90)
 
@@ -130,7 +134,7 @@ def test_hidden_tests_never_reach_the_feedback_or_the_gradebook(graded):
     for name in ("fails_hidden", "bonus_cell"):
         page = feedback(out, name)
         assert "square(-4)" not in page and "square(0.5)" not in page and "HIDDEN" not in page
-        assert "assert square(3) == 9" in page  # the visible test is shown
+        assert "assert square_3 == 9" in page  # the visible test is shown
     assert "square(-4)" not in (out / "gradebook.csv").read_text()
 
 
@@ -184,3 +188,353 @@ def test_unsafe_grading_is_said_on_every_page_and_in_the_gradebook(tmp_path):
     results = grade(src, subs, out, progress=False, limits=LIMITS, isolation=UNSAFE)
     assert results["alice"].status == "graded" and results["alice"].total == 6.0
     assert "UNSAFE" in feedback(out, "alice") and "UNSAFE" in (out / "gradebook.csv").read_text()
+
+
+# -- forging the verdict from inside the kernel (issue 11, item 1) -----------------------------
+#
+# Each submission leaves the exercises undone (or answers without doing the work) and tampers
+# with its own kernel before the tests run. The checks run in the grader's own interpreter on
+# plain data, so none of it may earn a point.
+
+
+def code(*parts: str) -> str:
+    """Snippets written indented or not, as one cell."""
+    return "\n".join(textwrap.dedent(part).strip("\n") for part in parts) + "\n"
+
+
+LIARS = """
+class AlwaysEqual:
+    def __eq__(self, other): return True
+    def __ne__(self, other): return False
+    def __sub__(self, other): return 0
+    __rsub__ = __sub__
+    def __abs__(self): return 0
+    def __lt__(self, other): return True
+    def __len__(self): return 4
+class LyingFloat(float):
+    __eq__ = lambda self, other: True
+    __ne__ = lambda self, other: False
+    __hash__ = float.__hash__
+class LyingList(list):
+    __eq__ = lambda self, other: True
+    __ne__ = lambda self, other: False
+    __len__ = lambda self: 4
+"""
+
+SWALLOW = """
+import ast
+class Swallow(ast.NodeTransformer):
+    def visit_Module(self, node):
+        node.body = [ast.Try(body=[s], handlers=[ast.ExceptHandler(body=[ast.Pass()])],
+                             orelse=[], finalbody=[]) for s in node.body]
+        return ast.fix_missing_locations(node)
+get_ipython().ast_transformers.append(Swallow())
+"""
+
+FORGERIES = {
+    # An AST transformer: every statement of every later cell wrapped in try/except: pass.
+    "ast_swallows_errors": SWALLOW,
+    # The same, but first the visible tests' answers are left lying in the namespace.
+    "swallow_with_answers_preset": """
+        import ast
+        square_3, square_2, means = 9, 4, [2.0, 5.0, 0.0]
+        class Swallow(ast.NodeTransformer):
+            def visit_Module(self, node):
+                node.body = [ast.Try(body=[s], handlers=[ast.ExceptHandler(body=[ast.Pass()])],
+                                     orelse=[], finalbody=[]) for s in node.body]
+                return ast.fix_missing_locations(node)
+        get_ipython().ast_transformers.append(Swallow())
+        """,
+    # IPython's custom exception handler: errors print a success line instead of a traceback.
+    "custom_exc": """
+        def quiet(shell, etype, value, tb, tb_offset=None):
+            print("All tests passed")
+        get_ipython().set_custom_exc((BaseException,), quiet)
+        """,
+    # post_run_cell hooks: after every cell, put objects that agree with anything in the
+    # probe's names, clear the output and announce success; errors swallowed as above.
+    "post_run_hook_plants_liars": code(
+        LIARS,
+        SWALLOW,
+        """
+        from IPython.display import clear_output
+        def plant(result):
+            get_ipython().user_ns.update(square_3=AlwaysEqual(), square_more=LyingList(),
+                                         means=LyingList([2.0, 5.0, 0.0, 5.0]), square_2=LyingFloat(4))
+            clear_output()
+            print("[hidden tests passed]")
+        get_ipython().events.register("post_run_cell", plant)
+        """,
+    ),
+    # The answers themselves return liars (see ANSWERS).
+    "answers_always_equal": LIARS,
+    "answers_lying_float_subclass": LIARS,
+    # Builtins the checks use, shadowed in the kernel's namespace, and a library function
+    # replaced; lazy answers (see ANSWERS).
+    "shadowed_builtins_and_math": """
+        import math
+        isinstance = lambda *a: True
+        abs = lambda x: 0
+        len = lambda x: 4
+        math.isclose = lambda *a, **k: True
+        """,
+    # The grader's own read-back of the probe's values, rewritten to send forged data:
+    # objects by pickle, unknown tags, a bogus tensor; errors swallowed so the probe "passes".
+    "forged_export": code(
+        SWALLOW,
+        """
+        import base64, json, pickle
+        forged = {"values": {
+            "square_3": {"$": "pickle", "v": base64.b64encode(pickle.dumps(9)).decode()},
+            "square_more": {"$": "object", "eq": "always"},
+            "means": {"$": "tensor", "dtype": "float32", "shape": [4], "data": "AAAA"},
+            "square_2": {"$": "float", "v": "4"}}, "missing": [], "refused": {}}
+        def rewrite(lines):
+            if any("publish(" in line for line in lines):
+                return ["from IPython.display import publish_display_data\\n",
+                        f"publish_display_data({{'application/vnd.course.probe+json': {json.dumps(forged)!r}}})\\n"]
+            return lines
+        get_ipython().input_transformers_post.append(rewrite)
+        """,
+    ),
+}
+ANSWERS = {  # answers that do no work, written in the answer cells
+    "answers_always_equal": {"square": "return AlwaysEqual()", "mean": "return AlwaysEqual()"},
+    "answers_lying_float_subclass": {
+        "square": "return LyingFloat(0)",
+        "mean": "return LyingFloat(0)",
+    },
+    "shadowed_builtins_and_math": {"square": "return 0", "mean": "return -1.0"},
+}
+# Planted answers do not help either: the grader drops the probe's names before it runs. (An
+# attack aimed at that step could keep them; that is hard-coding the visible tests' answers, as
+# `def square(x): return 4` would, and only hidden tests defend against it: README.)
+
+
+def with_forgery(student, forgery, answers=None):
+    # unanswered (the released stubs) unless lazy answers are given
+    nb = answer(student, **answers) if answers else nbformat.from_dict(student)
+    nb.cells.insert(cell_index(nb, "imports") + 1, new_code_cell(code(forgery)))
+    return nb
+
+
+@pytest.fixture(scope="module")
+def forged(tmp_path_factory):
+    root = tmp_path_factory.mktemp("forged")
+    src, student = release(root)
+    subs = {
+        name: with_forgery(student, forgery, ANSWERS.get(name))
+        for name, forgery in FORGERIES.items()
+    }
+    # Reads every cell the kernel runs and prints them at the end, into the feedback page.
+    spy = with_forgery(
+        answer(student),
+        """
+        seen = []
+        get_ipython().events.register("pre_run_cell", lambda info: seen.append(info.raw_cell))
+        """,
+    )
+    spy.cells.append(new_code_cell("print('\\n'.join(seen))"))
+    subs["reads_the_cells_it_runs"] = spy
+    out = root / "out"
+    results = grade(src, write(root / "subs", subs), out, jobs=2, progress=False, limits=LIMITS)
+    return results, out
+
+
+@pytest.mark.parametrize("name", sorted(FORGERIES))
+def test_forging_the_verdict_in_the_kernel_earns_nothing(forged, name):
+    results, _ = forged
+    r = results[name]
+    assert r.status == "graded", r.reason
+    assert r.total == 0.0, (r.scores, r.errors)
+    assert forgery_ran(r, FORGERIES[name])
+
+
+def forgery_ran(result, forgery) -> bool:
+    """The attack itself ran without an error (so the 0 is the grader's doing, not a typo's)."""
+    nb = nbformat.read(result.executed, as_version=4)
+    cell = next(c for c in nb.cells if c.source == code(forgery))
+    return not [o for o in cell.outputs if o.get("output_type") == "error"]
+
+
+def test_liars_are_refused_as_data_not_compared(forged):
+    results, _ = forged
+    for name in ("answers_always_equal", "answers_lying_float_subclass"):
+        assert "not plain data" in results[name].errors["test_square"], results[name].errors
+    assert "not plain data" in results["post_run_hook_plants_liars"].errors["test_noisy"]
+    shadowed = results["shadowed_builtins_and_math"]
+    assert (
+        shadowed.scores["test_mean"] == 0.0 and "AssertionError" in shadowed.errors["test_square"]
+    )
+    assert "unknown tag 'pickle'" in results["forged_export"].errors["test_square"]
+
+
+def test_a_submission_sees_hidden_inputs_never_hidden_checks(forged):
+    results, out = forged
+    assert results["reads_the_cells_it_runs"].total == 6.0
+    page = feedback(out, "reads_the_cells_it_runs")
+    assert "square(-4)" in page  # a hidden probe's inputs reach the student's code: by design
+    assert "[16, 0.25]" not in page and "want.append(5.0)" not in page  # its checks never do
+
+
+def cell_gid(cell):
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+
+
+def tensor_source():
+    """Checks that use torch.testing, numpy.testing and helpers.launch (all of them patchable
+    in the student's kernel)."""
+    from nbformat.v4 import new_notebook
+
+    from course.kernel import KERNELSPEC
+
+    def meta(gid, **kw):
+        base = {"grade_id": gid, "schema_version": 3, "grade": False, "solution": False}
+        return {"nbgrader": {**base, "locked": False, **kw}}
+
+    def test(gid, code):
+        return new_code_cell(
+            textwrap.dedent(code).strip(), metadata=meta(gid, grade=True, points=2)
+        )
+
+    def solution(gid, head, body):
+        code = f"{head}\n    ### BEGIN SOLUTION\n    {body}\n    ### END SOLUTION"
+        return new_code_cell(code, metadata=meta(gid, solution=True))
+
+    return new_notebook(
+        metadata={"kernelspec": KERNELSPEC, "language_info": {"name": "python"}},
+        cells=[
+            new_code_cell(
+                "import numpy as np\nimport torch\nimport torch.distributed as dist\nimport helpers",
+                metadata=meta("imports", locked=True),
+            ),
+            solution("double", "def double(t):", "return 2 * t"),
+            test(
+                "test_double",
+                """
+                got = double(torch.arange(4.0))
+                ### BEGIN HIDDEN TESTS
+                more = double(torch.ones(2, 3))
+                ### END HIDDEN TESTS
+                # --- check ---
+                import torch
+                torch.testing.assert_close(got, torch.tensor([0.0, 2.0, 4.0, 6.0]))
+                ### BEGIN HIDDEN TESTS
+                torch.testing.assert_close(more, torch.full((2, 3), 2.0))
+                ### END HIDDEN TESTS
+                """,
+            ),
+            solution("halve", "def halve(a):", "return a / 2"),
+            test(
+                "test_halve",
+                """
+                got = halve(np.arange(4.0))
+                ### BEGIN HIDDEN TESTS
+                more = halve(np.full(3, 5.0))
+                ### END HIDDEN TESTS
+                # --- check ---
+                import numpy as np
+                np.testing.assert_allclose(got, [0.0, 0.5, 1.0, 1.5])
+                ### BEGIN HIDDEN TESTS
+                np.testing.assert_allclose(more, [2.5, 2.5, 2.5])
+                ### END HIDDEN TESTS
+                """,
+            ),
+            solution(
+                "rank_sum",
+                "def rank_sum():",
+                "t = torch.tensor([dist.get_rank() + 1.0])\n    dist.all_reduce(t)\n    return t.item()",
+            ),
+            test(
+                "test_rank_sum",
+                """
+                sums = helpers.launch(rank_sum, world_size=2, output="none")
+                ### BEGIN HIDDEN TESTS
+                sums_3 = helpers.launch(rank_sum, world_size=3, output="none")
+                ### END HIDDEN TESTS
+                # --- check ---
+                assert sums == [3.0, 3.0], sums
+                ### BEGIN HIDDEN TESTS
+                assert sums_3 == [6.0, 6.0, 6.0], sums_3
+                ### END HIDDEN TESTS
+                """,
+            ),
+        ],
+    )
+
+
+TENSOR_FORGERIES = {
+    # Lazy answers, and the testing functions the checks call made to accept anything.
+    "patched_assert_close_and_numpy_testing": """
+        import numpy, torch
+        torch.testing.assert_close = lambda *a, **k: None
+        numpy.testing.assert_allclose = lambda *a, **k: None
+        torch.Tensor.__eq__ = lambda self, other: torch.tensor(True)
+        """,
+    # The launcher replaced by one that returns what the visible test expects.
+    "patched_helpers_launch": """
+        import helpers
+        helpers.launch = lambda fn, *args, world_size=1, **kw: [3.0] * world_size
+        """,
+    # Subclasses of Tensor and ndarray that compare equal to anything.
+    "tensor_and_array_subclasses": """
+        import numpy as np, torch
+        class Liar(torch.Tensor):
+            def __eq__(self, other): return torch.ones_like(torch.as_tensor(other), dtype=torch.bool)
+            @classmethod
+            def __torch_function__(cls, func, types, args=(), kwargs=None):
+                return torch.tensor(True) if "eq" in func.__name__ else super().__torch_function__(func, types, args, kwargs or {})
+        class Agree(np.ndarray):
+            def __eq__(self, other): return np.ones(np.shape(other), dtype=bool)
+        """,
+}
+TENSOR_ANSWERS = {  # answers that do no work, written in the answer cells
+    "patched_assert_close_and_numpy_testing": {
+        "double": "def double(t):\n    return t",
+        "halve": "def halve(a):\n    return a",
+        "rank_sum": "def rank_sum():\n    return 0.0",
+    },
+    "tensor_and_array_subclasses": {
+        "double": "def double(t):\n    return torch.zeros(4).as_subclass(Liar)",
+        "halve": "def halve(a):\n    return np.zeros(4).view(Agree)",
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def forged_tensors(tmp_path_factory):
+    root = tmp_path_factory.mktemp("forged-tensors")
+    source = tensor_source()
+    src = root / "source" / "tensors.ipynb"
+    src.parent.mkdir(parents=True)
+    nbformat.write(source, src)
+    student = student_version(source)
+    subs = {"perfect": source}
+    for name, forgery in TENSOR_FORGERIES.items():
+        nb = nbformat.from_dict(student)
+        for cell in nb.cells:
+            cell.source = TENSOR_ANSWERS.get(name, {}).get(cell_gid(cell), cell.source)
+        nb.cells.insert(1, new_code_cell(code(forgery)))
+        subs[name] = nb
+    return grade(
+        src, write(root / "subs", subs), root / "out", jobs=2, progress=False, limits=LIMITS
+    )
+
+
+def test_tensor_checks_score_a_right_answer(forged_tensors):
+    r = forged_tensors["perfect"]
+    assert r.status == "graded" and r.total == 6.0, (r.reason, r.errors)
+
+
+@pytest.mark.parametrize("name", sorted(TENSOR_FORGERIES))
+def test_patched_libraries_and_tensor_liars_earn_nothing(forged_tensors, name):
+    r = forged_tensors[name]
+    assert r.status == "graded", r.reason
+    assert r.total == 0.0, (r.scores, r.errors)
+    assert forgery_ran(r, TENSOR_FORGERIES[name])
+
+
+def test_tensor_liars_are_refused_as_data(forged_tensors):
+    errors = forged_tensors["tensor_and_array_subclasses"].errors
+    assert "Liar, not plain data" in errors["test_double"], errors
+    assert "Agree, not plain data" in errors["test_halve"], errors

@@ -27,6 +27,13 @@ def nbg(gid, **kw):
     }
 
 
+TEST = (
+    "got = shard(4, 0, 2)\n### BEGIN HIDDEN TESTS\nmore = shard(5, 1, 2)\n### END HIDDEN TESTS\n"
+    "# --- check ---\nassert got == [0, 2]\n### BEGIN HIDDEN TESTS\nassert more == [1, 3]\n"
+    "### END HIDDEN TESTS"
+)
+
+
 def solution_notebook():
     return new_notebook(
         metadata={"kernelspec": KERNELSPEC},
@@ -40,11 +47,7 @@ def solution_notebook():
                 execution_count=3,
                 outputs=[nbformat.v4.new_output("stream", text="x\n")],
             ),
-            new_code_cell(
-                "assert shard(4, 0, 2) == [0, 2]\n### BEGIN HIDDEN TESTS\nassert shard(5, 1, 2) == [1, 3]\n"
-                "### END HIDDEN TESTS",
-                metadata=nbg("test_shard", grade=True, points=2),
-            ),
+            new_code_cell(TEST, metadata=nbg("test_shard", grade=True, points=2)),
             new_markdown_cell(
                 "It scales because...", metadata=nbg("why", solution=True, grade=True, points=1)
             ),
@@ -60,7 +63,7 @@ def test_student_version_stubs_solutions_hides_tests_clears_outputs_and_locks():
         == 'def shard(n, rank, size):\n    raise NotImplementedError("shard: replace this line with your solution")'
     )
     assert code.outputs == [] and code.execution_count is None
-    assert student.cells[3].source == "assert shard(4, 0, 2) == [0, 2]"
+    assert student.cells[3].source == "got = shard(4, 0, 2)\n# --- check ---\nassert got == [0, 2]"
     assert student.cells[4].source == "YOUR ANSWER HERE"
     from nbgrader.utils import compute_checksum  # nbgrader's own, to check ours against
 
@@ -89,6 +92,14 @@ def test_the_stub_raises_a_clear_not_implemented_error():
         namespace["shard"](4, 0, 2)
 
 
+def test_cell(source):
+    """A mutation: the graded test cell's source replaced by ``source``."""
+    return lambda nb: nb.cells[3].__setitem__("source", source)
+
+
+test_cell.__test__ = False  # a helper, not a test
+
+
 @pytest.mark.parametrize(
     "mutate, message",
     [
@@ -113,6 +124,45 @@ def test_the_stub_raises_a_clear_not_implemented_error():
             lambda nb: nb.cells[3].metadata.nbgrader.__setitem__("grade_id", "has space"),
             "letters, digits",
         ),
+        # The probe / check convention of graded test cells (course.cells.validate_test).
+        (
+            test_cell("assert shard(4, 0, 2) == [0, 2]"),
+            r"exactly one '# --- check ---' line, found 0",
+        ),
+        (
+            test_cell("got = shard(4, 0, 2)\n# --- check ---\n# --- check ---\nassert got"),
+            "found 2",
+        ),
+        (
+            test_cell("got = 1\n### BEGIN HIDDEN TESTS\n# --- check ---\n### END HIDDEN TESTS"),
+            "inside hidden tests",
+        ),
+        (
+            test_cell("got = shard(4, 0, 2)\nassert got\n# --- check ---\nassert got == [0, 2]"),
+            "the probe asserts on line 2: move every assertion below",
+        ),
+        (
+            test_cell("x = 1\nnp.testing.assert_equal(x, 1)\n# --- check ---\nassert x"),
+            "the probe asserts on line 2",
+        ),
+        (
+            test_cell("got = shard(4, 0, 2)\n# --- check ---\nassert shard(5, 1, 2) == [1, 3]"),
+            "the check reads shard, which its probe does not assign",
+        ),
+        (
+            test_cell(
+                "### BEGIN HIDDEN TESTS\nmore = shard(5, 1, 2)\n### END HIDDEN TESTS\n"
+                "# --- check ---\nassert more == [1, 3]"
+            ),
+            r"the check reads more \(as released, hidden tests left out\)",
+        ),
+        (
+            test_cell(
+                "import math\ngot = shard(4, 0, 2)\n# --- check ---\nassert math.isfinite(got[0])"
+            ),
+            "the check reads math, which the probe imports or defines",
+        ),
+        (test_cell("%time got = shard(4, 0, 2)\n# --- check ---\nassert got"), "plain Python"),
     ],
 )
 def test_authoring_errors_say_where_and_what(mutate, message):
@@ -173,3 +223,45 @@ def test_committed_labs_are_exactly_a_fresh_release_of_solutions(tmp_path):
     )
     for name in fresh:
         assert committed[name] == fresh[name], f"labs/{name} is stale: run `course release`"
+
+
+def test_the_check_reads_only_what_the_probe_assigns():
+    assert cells.exports(TEST) == ["got", "more"]
+    source = (
+        "x = f(1)\nfor n in range(3):\n    y = f(n)\nunused = 5\n# --- check ---\nimport math\n"
+        "def near(a, b):\n    return math.isclose(a, b)\nassert near(x, 1) and [v for v in [y]] == [2]"
+    )
+    assert cells.exports(source) == ["x", "y"]  # neither unused, nor what the check binds
+
+
+def test_cli_release_refuses_a_test_without_its_check_line(tmp_path):
+    nb = solution_notebook()
+    nb.cells[3].source = "assert shard(4, 0, 2) == [0, 2]"
+    (tmp_path / "solutions").mkdir()
+    nbformat.write(nb, tmp_path / "solutions" / "lab.ipynb")
+    proc = release_cli(tmp_path / "solutions", tmp_path / "labs")
+    assert proc.returncode == 2, proc.stderr
+    assert "lab.ipynb: cell 3 (test_shard): a graded test cell needs exactly one" in proc.stderr
+    assert "above it the probe" in proc.stderr and not (tmp_path / "labs" / "lab.ipynb").exists()
+
+
+def test_cli_grade_refuses_a_lab_whose_tests_break_the_convention(tmp_path, capsys):
+    from course import cli
+
+    nb = solution_notebook()
+    nb.cells[3].source = "got = shard(4, 0, 2)\nassert got == [0, 2]"  # no check line
+    nbformat.write(nb, tmp_path / "lab.ipynb")
+    (tmp_path / "subs").mkdir()
+    code = cli.main(
+        [
+            "grade",
+            str(tmp_path / "lab.ipynb"),
+            str(tmp_path / "subs"),
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
+    assert (
+        code == 2
+        and "a graded test cell needs exactly one '# --- check ---'" in capsys.readouterr().err
+    )

@@ -1,0 +1,189 @@
+"""The verdict: each test's check, run on its probe's plain data, apart from any student code.
+
+``course grade`` starts ``python -m course.verdict`` once per submission: a fresh interpreter of
+the grader's own, never the submission's kernel or a child of it. For each test cell it reads
+one JSON line {"pieces": [[code, hidden], ...], "data": what the probe published, "names": what
+the check reads} on stdin,
+rebuilds the probe's values with course.plain (exact built-in types, tensors from raw bytes),
+runs the check's pieces in order in a namespace holding only those values, and answers one
+JSON line: passed, value (the last expression, a number: partial credit), error, outputs.
+Hidden pieces come only from the solution notebook and never reach the sandbox; what they
+print is dropped, and their failure reads "a hidden test failed".
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import contextlib
+import ctypes
+import io
+import json
+import linecache
+import os
+import select
+import subprocess
+import sys
+import traceback
+
+from course import plain
+
+OUTPUT_LIMIT = 100_000  # characters of a check's own output kept for the feedback
+
+
+def _output(name: str, text: str) -> dict:
+    return {"output_type": "stream", "name": name, "text": text[:OUTPUT_LIMIT]}
+
+
+def _error(ename: str, evalue: str, tb: list[str]) -> dict:
+    return {"output_type": "error", "ename": ename, "evalue": evalue, "traceback": tb}
+
+
+def run_check(pieces: list, data, label: str = "check", names: list | None = None) -> dict:
+    """Run a check's pieces on the probe's published ``data``; the verdict as a dict.
+
+    ``names``: what the check reads (course.cells.exports); anything else sent is ignored.
+    """
+    try:
+        namespace = plain.decode_probe(data)
+        if names is not None:
+            missing = sorted(set(names) - set(namespace))
+            if missing:
+                raise plain.NotPlain(f"the probe did not assign {', '.join(missing)}")
+            namespace = {name: namespace[name] for name in names}
+    except plain.NotPlain as exc:
+        message = f"the probe's values were refused: {exc}"
+        return {
+            "passed": False,
+            "value": None,
+            "error": f"NotPlain: {message}",
+            "outputs": [_error("NotPlain", message, [])],
+        }
+    namespace.update(__name__="__check__", __builtins__=builtins)
+    outputs, value = [], None
+    for k, (code, hidden) in enumerate(pieces):
+        filename = f"<{label}, {'hidden' if hidden else 'part'} {k + 1}>"
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        tree = ast.parse(code, filename)
+        last = None
+        if k == len(pieces) - 1 and tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+        out, err = io.StringIO(), io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                exec(compile(tree, filename, "exec"), namespace)
+                if last is not None:
+                    value = eval(compile(last, filename, "eval"), namespace)
+        except (Exception, SystemExit) as exc:
+            if hidden:
+                failure = _error(type(exc).__name__, "a hidden test failed", [])
+            else:
+                frames = [
+                    f for f in traceback.extract_tb(exc.__traceback__) if f.filename == filename
+                ]
+                tb = "Traceback (most recent call last):\n" + "".join(traceback.format_list(frames))
+                tb += "".join(traceback.format_exception_only(exc))
+                failure = _error(type(exc).__name__, str(exc)[:2000], [tb[-5000:]])
+                outputs += [_output(n, s.getvalue()) for n, s in (("stdout", out), ("stderr", err))]
+            outputs = [o for o in outputs if o.get("text", True)] + [failure]
+            return {
+                "passed": False,
+                "value": None,
+                "error": f"{failure['ename']}: {failure['evalue']}",
+                "outputs": outputs,
+            }
+        finally:
+            linecache.cache.pop(filename, None)
+        if not hidden:
+            outputs += [_output(n, s.getvalue()) for n, s in (("stdout", out), ("stderr", err))]
+    if any(hidden for _, hidden in pieces):
+        outputs.append(_output("stdout", "[hidden tests passed]\n"))
+    number = value if type(value) in (int, float) else None
+    return {
+        "passed": True,
+        "value": number,
+        "error": None,
+        "outputs": [o for o in outputs if o.get("text", True)],
+    }
+
+
+def main() -> None:
+    """Answer check requests from stdin until it closes (run as ``python -m course.verdict``)."""
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: not even the same uid may ptrace
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    sys.stdout = sys.stderr  # only answers go to the grader
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            answer = run_check(
+                request["pieces"], request["data"], request.get("label", "check"), request["names"]
+            )
+        except Exception as exc:  # a broken check is the author's bug: a failed test, said so
+            answer = {"passed": False, "value": None, "error": f"check error: {exc!r}"[:500]}
+            answer["outputs"] = [_error(type(exc).__name__, answer["error"], [])]
+        answers.write(json.dumps(answer) + "\n")
+
+
+class Checker:
+    """The grader's side: a fresh ``python -m course.verdict`` per submission, started lazily."""
+
+    def __init__(self, cwd: str, timeout: float, log=None):
+        self.cwd, self.timeout, self.log, self.proc, self.buf = cwd, timeout, log, None, b""
+
+    def _start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "course.verdict"],
+            cwd=self.cwd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log or subprocess.DEVNULL,
+        )
+        self.buf = b""
+
+    def check(self, pieces: list, data, label: str, names: list | None = None) -> dict:
+        """The verdict of one test; a check that hangs or crashes fails, and the next starts anew."""
+        import time
+
+        if self.proc is None:
+            self._start()
+        request = {"pieces": pieces, "data": data, "label": label, "names": names}
+        request = json.dumps(request) + "\n"
+        try:
+            self.proc.stdin.write(request.encode())
+            self.proc.stdin.flush()
+        except OSError:
+            return self._failed("the checker stopped")
+        deadline = time.monotonic() + self.timeout
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            ready = select.select([self.proc.stdout], [], [], max(0.0, left))[0] if left > 0 else []
+            if not ready:
+                return self._failed(f"the check took over {self.timeout:g} s")
+            chunk = os.read(self.proc.stdout.fileno(), 1 << 20)
+            if not chunk:
+                return self._failed("the checker stopped")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def _failed(self, why: str) -> dict:
+        self.close()
+        return {
+            "passed": False,
+            "value": None,
+            "error": f"CheckError: {why}",
+            "outputs": [_error("CheckError", why, [])],
+        }
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            for f in (self.proc.stdin, self.proc.stdout):
+                with contextlib.suppress(OSError):
+                    f.close()
+            self.proc = None
+
+
+if __name__ == "__main__":
+    main()
