@@ -52,15 +52,19 @@ def grade_class(
     mixed: bool = True,
     overrides: dict | None = None,
     limits: Limits | None = None,
+    entry: Path | None = None,
 ) -> dict:
-    """Grade the solution (perfect), the student version (untouched) and every wrong submission."""
+    """Grade the solution (perfect), the student version (untouched) and every wrong submission.
+
+    ``entry``: the syllabus path whose quick profile applies (default ``lab``; a trimmed copy of
+    a lab in a temporary folder names its original)."""
     subs = tmp / "subs"
     subs.mkdir()
     shutil.copy(lab, subs / "perfect.ipynb")  # the solution is a perfect submission
     shutil.copy(student, subs / "untouched.ipynb")
     for name, replace in wrong_submissions(wrong, mixed).items():
         write_submission(lab, subs / f"{name}.ipynb", replace)
-    quick = next(e for e in load_syllabus() if e.path == lab).parameters("quick")
+    quick = next(e for e in load_syllabus() if e.path == (entry or lab)).parameters("quick")
     return grade(
         lab,
         subs,
