@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -133,7 +132,6 @@ def main(argv=None) -> int:
     rows = []
     for impl in IMPLS:
         per_repeat = [helpers.scaling.step_seconds(r) for r in runs[impl]]
-        hidden = [helpers.timing.overlap_fraction(r[0], skip=0) for r in runs[impl]]
         s = helpers.timing.spread(per_repeat)
         rows.append(
             {
@@ -142,7 +140,6 @@ def main(argv=None) -> int:
                 "min_ms": 1e3 * s["min"],
                 "max_ms": 1e3 * s["max"],
                 "buckets": len(runs[impl][0][0][-1].get("buckets", [])),
-                "hidden_median": statistics.median(hidden),
             }
         )
     base = rows[0]["median_ms"]
@@ -154,13 +151,13 @@ def main(argv=None) -> int:
     lines = [
         head,
         "",
-        "| implementation | step, median (ms) | min–max of repeats (ms) | × torch DDP | buckets | hidden behind backward (median) |",
-        "|---|---|---|---|---|---|",
+        "| implementation | step, median (ms) | min–max of repeats (ms) | × torch DDP | buckets |",
+        "|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['implementation']} | {r['median_ms']:.2f} | {r['min_ms']:.2f}–{r['max_ms']:.2f} | "
-            f"{r['median_ms'] / base:.2f} | {r['buckets']} | {r['hidden_median']:.0%} |"
+            f"{r['median_ms'] / base:.2f} | {r['buckets']} |"
         )
     text = "\n".join(lines)
     print(text)
