@@ -1,5 +1,5 @@
-"""Lecture 03 as committed: in the syllabus, parameters tagged, outputs recorded without errors,
-its measured-vs-formula cells tagged for nbval.
+"""Lecture 03 as committed: its measured-vs-formula cells tagged for nbval, fully_shard shown
+(what every syllabus notebook must be: test_syllabus_notebooks).
 
 (It runs under papermill and nbval with the whole syllabus in test_course_run and test_check.)
 """
@@ -8,28 +8,13 @@ from __future__ import annotations
 
 import nbformat
 
-from course.syllabus import REPO, load_syllabus
+from course.syllabus import REPO
 
 PATH = REPO / "lectures" / "03_memory.ipynb"
 
 
-def test_lecture03_is_in_the_syllabus_after_lecture02_within_two_minutes():
-    entries = load_syllabus()
-    paths = [e.path.relative_to(REPO).as_posix() for e in entries]
-    i = paths.index("lectures/03_memory.ipynb")
-    assert paths[i - 1] == "lectures/02_data_parallel.ipynb"
-    assert entries[i].budget_s <= 120 and entries[i].kind == "lecture"
-
-
-def test_lecture03_is_recorded_and_its_checks_are_rechecked():
-    nb = nbformat.read(PATH, as_version=4)
-    assert nb.metadata["kernelspec"]["name"] == "multigpu-course"
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    assert "parameters" in code[0].metadata.get("tags", [])
-    for cell in code:
-        assert all(o.get("output_type") != "error" for o in cell.outputs), cell.source[:80]
-        if "assert" in cell.source:  # a check against theory or a 1-process reference
-            assert cell.outputs, cell.source[:80]
+def test_lecture03_checks_its_figures_with_nbval():
+    code = [c for c in nbformat.read(PATH, as_version=4).cells if c.cell_type == "code"]
     checked = [c for c in code if "nbval-check-output" in c.metadata.get("tags", [])]
     assert len(checked) >= 10  # bytes by part, formulas, OOM message, sharded table: deterministic
     hidden = [c for c in code if c.metadata.get("jupyter", {}).get("source_hidden")]
