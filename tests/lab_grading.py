@@ -84,3 +84,17 @@ def assert_wrong_answers_lose_their_points(graded: dict, wrong: dict, auto: dict
         for test, points in auto.items():
             want = 0.0 if test in wrong_tests else float(points)
             assert result.scores[test] == want, (name, test, result.scores, result.errors)
+
+
+def assert_perfect_scores_all_and_untouched_none(graded: dict, auto: dict, manual: set) -> None:
+    perfect, untouched = graded["perfect"], graded["untouched"]
+    assert perfect.status == "graded" and untouched.status == "graded", (
+        perfect.reason,
+        untouched.reason,
+    )
+    assert {g: perfect.scores[g] for g in auto} == {g: float(p) for g, p in auto.items()}, (
+        perfect.errors
+    )
+    assert perfect.total == sum(auto.values())
+    assert all(perfect.scores[g] is None for g in manual)  # written answers wait for a person
+    assert untouched.total == 0.0

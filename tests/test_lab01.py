@@ -260,18 +260,9 @@ def graded(tmp_path_factory):
 
 @pytest.mark.slow
 def test_the_solution_scores_every_automatic_point_and_the_unfinished_lab_none(graded):
-    perfect, untouched = graded["perfect"], graded["untouched"]
-    assert perfect.status == "graded" and untouched.status == "graded", (
-        perfect.reason,
-        untouched.reason,
-    )
-    assert {g: perfect.scores[g] for g in AUTO} == {g: float(p) for g, p in AUTO.items()}, (
-        perfect.errors
-    )
-    assert perfect.total == sum(AUTO.values()) == 13
-    assert all(perfect.scores[g] is None for g in MANUAL)  # written answers wait for a person
-    assert untouched.total == 0.0
-    assert "NotImplementedError" in untouched.errors["test_shard_indices"]
+    lab_grading.assert_perfect_scores_all_and_untouched_none(graded, AUTO, MANUAL)
+    assert sum(AUTO.values()) == 13
+    assert "NotImplementedError" in graded["untouched"].errors["test_shard_indices"]
 
 
 @pytest.mark.slow

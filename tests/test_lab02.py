@@ -334,18 +334,9 @@ def graded(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # grading the class (the fixture) runs inside the first test
 def test_the_solution_scores_every_automatic_point_and_the_unfinished_lab_none(graded):
-    perfect, untouched = graded["perfect"], graded["untouched"]
-    assert perfect.status == "graded" and untouched.status == "graded", (
-        perfect.reason,
-        untouched.reason,
-    )
-    assert {g: perfect.scores[g] for g in AUTO} == {g: float(p) for g, p in AUTO.items()}, (
-        perfect.errors
-    )
-    assert perfect.total == sum(AUTO.values()) == 11
-    assert all(perfect.scores[g] is None for g in MANUAL)
-    assert untouched.total == 0.0
-    assert "NotImplementedError" in untouched.errors["test_scratch_ddp"]
+    lab_grading.assert_perfect_scores_all_and_untouched_none(graded, AUTO, MANUAL)
+    assert sum(AUTO.values()) == 11
+    assert "NotImplementedError" in graded["untouched"].errors["test_scratch_ddp"]
 
 
 @pytest.mark.slow
