@@ -259,6 +259,7 @@ def graded(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # grading the class (the fixture) runs inside the first test
 def test_the_solution_scores_every_automatic_point_and_the_unfinished_lab_none(graded):
     lab_grading.assert_perfect_scores_all_and_untouched_none(graded, AUTO, MANUAL)
     assert sum(AUTO.values()) == 13
