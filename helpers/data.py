@@ -125,3 +125,36 @@ def load(name: str = "digits", root=None, train: bool = True):
             )
         return cifar10(root, train) if name == "cifar10" else mnist(root, train)
     raise ValueError(f"unknown dataset {name!r}: choose one of {', '.join(DATASETS)}")
+
+
+SAMPLE_IMAGES = ("china.jpg", "flower.jpg")  # scikit-learn ships these two photographs
+
+
+def image(name: str = "china.jpg", size=(24, 36), frequencies: int = 6):
+    """A photograph as a regression task for a coordinate network (lab 03's deep & wide model).
+
+    Returns (inputs, pixels, (h, w)): ``pixels`` (h·w, 3) RGB in [0, 1], row by row, from
+    scikit-learn's bundled sample image ``name`` averaged down to ``size``; ``inputs`` (h·w, F)
+    the pixel's coordinates (x, y) in [-1, 1] with sin and cos of them at ``frequencies``
+    octaves (F = 2 + 4·frequencies): without those Fourier features a ReLU network fits only a
+    blur of the image (Tancik et al. 2020). Offline: the file is inside scikit-learn.
+    """
+    import math
+
+    import torch
+    from sklearn.datasets import load_sample_image
+
+    if name not in SAMPLE_IMAGES:
+        raise ValueError(f"image {name!r}: scikit-learn ships {', '.join(SAMPLE_IMAGES)}")
+    h, w = (int(s) for s in size)
+    if h < 1 or w < 1:
+        raise ValueError(f"size must be two positive numbers (height, width), not {size!r}")
+    photo = torch.tensor(load_sample_image(name), dtype=torch.float32) / 255.0  # (427, 640, 3)
+    small = torch.nn.functional.interpolate(photo.permute(2, 0, 1)[None], size=(h, w), mode="area")
+    pixels = small[0].permute(1, 2, 0).reshape(h * w, 3).contiguous()  # (h·w, 3)
+    ys, xs = torch.meshgrid(torch.linspace(-1, 1, h), torch.linspace(-1, 1, w), indexing="ij")
+    xy = torch.stack([xs, ys], dim=-1).reshape(h * w, 2)
+    features = [xy]
+    for k in range(frequencies):
+        features += [torch.sin(2**k * math.pi * xy), torch.cos(2**k * math.pi * xy)]
+    return torch.cat(features, dim=1), pixels, (h, w)

@@ -56,10 +56,11 @@ def _bytes(tensors) -> int:
     for t in tensors:
         if t is None:
             continue
-        key = (t.untyped_storage().data_ptr(), t.device)
+        st = _storage(t)  # a DTensor (FSDP's parameters): the shard this rank holds
+        key = (st.data_ptr(), t.device)
         if key not in seen:
             seen.add(key)
-            total += t.untyped_storage().nbytes()
+            total += st.nbytes()
     return total
 
 
@@ -125,7 +126,7 @@ class memory_limit:  # noqa: N801 - a context manager used like a function
             torch.cuda.set_per_process_memory_fraction(min(1.0, self.limit / total), self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             return self
-        self._param_keys = {t.untyped_storage().data_ptr() for t in self.model.parameters()}
+        self._param_keys = {_storage(t).data_ptr() for t in self.model.parameters()}
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
         self._hooks.__enter__()
         try:

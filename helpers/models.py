@@ -32,6 +32,19 @@ def cnn(in_shape=(1, 8, 8), channels: int = 32, classes: int = 10):
     )
 
 
+def coordinate_mlp(in_features: int, depth: int = 4, width: int = 128, out_features: int = 3):
+    """Lab 03's deep & wide model: pixel coordinates in, colour out; ``depth`` ReLU layers of
+    ``width``. Every parameter is a Linear's, so FSDP can shard it layer by layer."""
+    from torch import nn
+
+    layers, d = [], in_features
+    for _ in range(depth):
+        layers += [nn.Linear(d, width), nn.ReLU()]
+        d = width
+    layers.append(nn.Linear(d, out_features))
+    return nn.Sequential(*layers)
+
+
 def build(name: str = "mlp", in_shape=(1, 8, 8), classes: int = 10, **kwargs):
     """'mlp', 'cnn', or a torchvision classifier by name ('resnet18', 'vgg16', ...), untrained."""
     if name == "mlp":

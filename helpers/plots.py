@@ -191,20 +191,33 @@ def heatmap(
     col_name: str = "width",
     value_name: str = "value",
     ax=None,
+    missing: str = "OOM",
 ):
-    """A labelled heatmap (e.g. time or quality over depth × width), each cell annotated."""
+    """A labelled heatmap (e.g. time or quality over depth × width), each cell annotated.
+
+    A NaN cell is drawn grey and labelled ``missing`` (a configuration that did not run)."""
     import numpy as np
 
     ax = _axes(ax)
     data = np.asarray(values, dtype=float)
-    im = ax.imshow(data, cmap="viridis", aspect="auto")
+    im = ax.imshow(np.ma.masked_invalid(data), cmap="viridis", aspect="auto")
+    ax.set_facecolor("0.85")  # a cell without a value (NaN: e.g. out of memory) is grey
     ax.set_xticks(range(len(col_labels)), [str(c) for c in col_labels])
     ax.set_yticks(range(len(row_labels)), [str(r) for r in row_labels])
     ax.set_xlabel(col_name)
     ax.set_ylabel(row_name)
     for i in range(data.shape[0]):
         for j in range(data.shape[1]):
-            ax.text(j, i, f"{data[i, j]:.3g}", ha="center", va="center", color="w", fontsize=8)
+            text = missing if np.isnan(data[i, j]) else f"{data[i, j]:.3g}"
+            ax.text(
+                j,
+                i,
+                text,
+                ha="center",
+                va="center",
+                color="k" if np.isnan(data[i, j]) else "w",
+                fontsize=8,
+            )
     ax.figure.colorbar(im, ax=ax, label=value_name)
     return ax
 

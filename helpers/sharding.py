@@ -185,6 +185,8 @@ def measure(
 
 # one rank's 1/n in, the full tensor out (or the reverse); FSDP2 calls the *_single forms
 GATHER_SCATTER = (
+    "all_gather",  # a list of n outputs and one input
+    "reduce_scatter",
     "all_gather_into_tensor",
     "all_gather_single",
     "reduce_scatter_tensor",

@@ -109,3 +109,33 @@ def test_ring_simulation_ends_with_every_chunk_summed_everywhere(n):
 def test_model_state_bytes():
     assert helpers.memory.model_state_bytes(1e9) == 16e9
     assert helpers.memory.model_state_bytes(10, "fp32-sgd") == 80
+
+
+def test_a_sample_image_is_real_offline_and_encoded_as_coordinates():
+    from sklearn.datasets import load_sample_image
+
+    photo = torch.tensor(load_sample_image("china.jpg"), dtype=torch.float32) / 255.0
+    inputs, pixels, (h, w) = data.image("china.jpg", size=photo.shape[:2], frequencies=2)
+    assert (
+        (h, w) == (427, 640) and pixels.shape == (h * w, 3) and inputs.shape == (h * w, 2 + 4 * 2)
+    )
+    assert torch.equal(pixels, photo.reshape(-1, 3))  # at its own size: the photograph itself
+    inputs, pixels, (h, w) = data.image("flower.jpg", size=(24, 36))
+    assert pixels.shape == (864, 3) and 0 <= pixels.min() and pixels.max() <= 1
+    # pixel k is row k // w, column k % w: x runs along a row, y down the columns, both in [-1, 1]
+    assert inputs[0, :2].tolist() == [-1.0, -1.0] and inputs[w - 1, :2].tolist() == [1.0, -1.0]
+    assert inputs[-1, :2].tolist() == [1.0, 1.0]
+    torch.testing.assert_close(inputs[:, 2], torch.sin(torch.pi * inputs[:, 0]))
+    assert torch.equal(data.image("flower.jpg", size=(24, 36))[1], pixels)  # deterministic
+    with pytest.raises(ValueError, match="scikit-learn ships"):
+        data.image("lena.png")
+    with pytest.raises(ValueError, match="positive"):
+        data.image(size=(0, 5))
+
+
+def test_the_coordinate_network_is_depth_layers_of_width():
+    net = models.coordinate_mlp(26, depth=3, width=16)
+    linear = [m for m in net if isinstance(m, torch.nn.Linear)]
+    assert [tuple(m.weight.shape) for m in linear] == [(16, 26), (16, 16), (16, 16), (3, 16)]
+    assert models.n_params(net) == 26 * 16 + 16 + 2 * (16 * 16 + 16) + 16 * 3 + 3
+    assert net(torch.zeros(5, 26)).shape == (5, 3)

@@ -304,25 +304,13 @@ UNGRADED = ("plot_spans(", "torch.cuda.device_count() >= 2", "def dp_timed(", "h
             "by_phase = ", "with no_sync: ", "settings = [", "ax.errorbar(")  # fmt: skip
 
 
-def trimmed(path, folder):
-    nb = nbformat.read(path, as_version=4)
-    keep = [
-        c for c in nb.cells if not (c.cell_type == "code" and any(m in c.source for m in UNGRADED))
-    ]
-    assert len(nb.cells) - len(keep) == len(UNGRADED), "every ungraded cell named is found once"
-    nb.cells = keep
-    out = folder / path.name
-    nbformat.write(nb, out)
-    return out
-
-
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lab02")
     (tmp / "lab").mkdir(), (tmp / "student").mkdir()
     return lab_grading.grade_class(
-        trimmed(LAB, tmp / "lab"),
-        trimmed(STUDENT, tmp / "student"),
+        lab_grading.trimmed(LAB, tmp / "lab", UNGRADED),
+        lab_grading.trimmed(STUDENT, tmp / "student", UNGRADED),
         WRONG,
         tmp,
         mixed=False,

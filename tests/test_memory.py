@@ -8,6 +8,8 @@ counters; sharded training ends with the parameters one process computes alone.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -149,3 +151,60 @@ def test_sharded_runs_hold_the_formula_per_rank_and_train_like_one_process():
         assert {op.split("_")[0] for op in r["comm"]} == {"all", "reduce"}
     for r in runs[1]:  # DDP's all-reduce, then each rank's updated tensors broadcast: 4Ψ each
         assert r["comm"] == {"all_reduce": 4 * P, "broadcast": 4 * P}
+
+
+def _fsdp_budget_run(limit):
+    """One FSDP step of an MLP under a device budget on this rank: what it counted, or the OOM."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = helpers.models.coordinate_mlp(4, depth=2, width=30)  # dims 30, 30, 3: rows padded
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x = torch.randn(40, 4).chunk(dist.get_world_size())[dist.get_rank()]
+    try:
+        with helpers.memory_limit(limit, model, opt) as mem:
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+            mem.check()
+    except torch.OutOfMemoryError as oom:
+        return {"oom": str(oom)}
+    return {"after": helpers.memory.breakdown(model, opt), "peak": mem.peak}
+
+
+def test_a_budget_counts_only_the_shard_an_fsdp_rank_holds():
+    shapes = [(30, 4), (30,), (30, 30), (30,), (3, 30), (3,)]
+    shard = sum(fsdp_shard_numel(s, 2) for s in shapes)  # FSDP pads each dim 0 to a multiple of 2
+    runs = helpers.launch(_fsdp_budget_run, 10**12, world_size=2, output="none")
+    for r in runs:
+        assert r["after"]["parameters"] == r["after"]["gradients"] == 4 * shard
+        # Adam's two moments of the shard (its step counters are scalars: not counted)
+        assert r["after"]["optimizer_state"] <= 8 * shard
+        # the full weights FSDP gathers for a layer are saved for backward: counted as activations
+        assert r["peak"]["activations"] >= 4 * 30 * 30
+    # the moments are made for the rows a rank owns, without FSDP's padding: together, Adam's 8P
+    P = sum(math.prod(s) for s in shapes)
+    assert sum(r["after"]["optimizer_state"] for r in runs) == 8 * P
+    small = helpers.launch(_fsdp_budget_run, 4 * shard + 100, world_size=2, output="none")
+    assert all("CUDA out of memory" in r["oom"] for r in small)
+
+
+def _gather_both_ways():
+    import torch.distributed as dist
+
+    n, mine = dist.get_world_size(), torch.ones(5, dtype=torch.float64)
+    with helpers.trace() as calls:
+        dist.all_gather([torch.empty(5, dtype=torch.float64) for _ in range(n)], mine)
+        dist.all_gather_into_tensor(torch.empty(5 * n, dtype=torch.float64), mine)
+        dist.broadcast(mine, src=0)
+    return helpers.sharding.payload(calls.records, n)
+
+
+def test_a_gathers_payload_is_the_full_tensor_whichever_form_is_called():
+    for r in helpers.launch(_gather_both_ways, world_size=2, output="none"):
+        assert r == {"all_gather": 80, "all_gather_into_tensor": 80, "broadcast": 40}

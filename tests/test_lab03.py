@@ -1,0 +1,270 @@
+"""Lab 03 end to end: graded like a student's — perfect, unfinished, and plausibly wrong.
+
+The wrong answers are the ones a student would write: the largest batch from one point's bytes
+per sample (the fixed part forgotten), rounded or off by one at the boundary, negative, a float;
+PSNR with 20·log10, a natural log, a sum, the range not squared, the range read from the target,
+uint8 differences that wrap, a tensor, no ``inf``; a ZeRO-1 with floored shards, without the
+all-gather, broadcasting rank 0's view, an unsharded optimizer, a state that is re-created every
+step, gradients summed again, strided shards read back in order, ``zero_grad`` forgotten; bytes per
+rank with Adam's state counted once, unpadded or floored shards, the gradients sharded at stage
+1, the parameters never sharded, SGD given a state, mixed precision's bytes in fp32, stage 2 and
+3 swapped. Each wrong submission is wrong in every question at once (lab 01's test shows that a
+wrong answer costs only its own points); the ungraded timing, fitting and plot cells are left out.
+"""
+
+from __future__ import annotations
+
+import lab_grading
+import nbformat
+import pytest
+
+from course import cells
+from course.syllabus import REPO
+
+LAB = REPO / "solutions" / "lab03_memory.ipynb"
+STUDENT = REPO / "labs" / "lab03_memory.ipynb"
+AUTO = {
+    "test_largest_batch_from": 2,
+    "test_psnr": 2,
+    "test_zero_one": 4,
+    "test_per_rank_bytes": 2,
+}
+MANUAL = {"answer_batch_time", "answer_two_devices", "answer_zero_cost"}
+
+LINE = """(b0, p0), (b1, p1) = min(peaks.items()), max(peaks.items())
+    per_sample = (p1 - p0) / (b1 - b0)
+    fixed = p0 - per_sample * b0"""
+
+
+def largest(body: str) -> str:
+    return f"def largest_batch_from(peaks, budget):\n    {body}\n"
+
+
+def psnr(body: str) -> str:
+    return f"def psnr(prediction, target, data_range=1.0):\n    {body}\n"
+
+
+MSE = "mse = torch.mean((prediction.double() - target.double()) ** 2).item()"
+
+ZERO_RIGHT = {
+    "size": "math.ceil(self.numel / self.n)",
+    "shard": "flat[start:start + self.shard_size].clone().requires_grad_(True)",
+    "optimizer": "optimizer_class([self.shard], **kwargs)",
+    "zero_grad": """for p in self.params:
+            p.grad = None""",
+    "grads": """grads = self._flat([p.grad for p in self.params])
+        self.shard.grad = grads[start:start + self.shard_size].clone()""",
+    "inner": "self.optimizer.step()",
+    "gather": """full = torch.empty(self.n * self.shard_size, dtype=self.shard.dtype)
+        dist.all_gather_into_tensor(full, self.shard.detach())""",
+}
+
+
+def zero(**wrong) -> str:
+    """ZeroOne, right except the parts given."""
+    body = {**ZERO_RIGHT, **wrong}
+    return f"""
+class ZeroOne:
+    def __init__(self, params, optimizer_class, **kwargs):
+        self.params = [p for p in params if p.requires_grad]
+        self.rank, self.n = dist.get_rank(), dist.get_world_size()
+        self.numel = sum(p.numel() for p in self.params)
+        self.shard_size = {body["size"]}
+        self.optimizer_class, self.kwargs = optimizer_class, kwargs
+        start = self.rank * self.shard_size
+        flat = self._flat([p.detach() for p in self.params])
+        self.shard = {body["shard"]}
+        self.optimizer = {body["optimizer"]}
+
+    def _flat(self, tensors):
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        return nn.functional.pad(flat, (0, self.n * self.shard_size - self.numel))
+
+    def zero_grad(self):
+        {body["zero_grad"]}
+
+    def step(self):
+        start = self.rank * self.shard_size
+        {body["grads"]}
+        {body["inner"]}
+        {body["gather"]}
+        with torch.no_grad():
+            for p, new in zip(self.params, full[:self.numel].split([p.numel() for p in self.params])):
+                p.copy_(new.view_as(p))
+"""
+
+
+BYTES_RIGHT = {
+    "shard": "math.ceil(n_params / world_size)",
+    "moments": '{"sgd": 0, "momentum": 1, "adam": 2}',
+    "parameters": "4 * (shard if stage >= 3 else n_params)",
+    "gradients": "4 * (shard if stage >= 2 else n_params)",
+    "state": "4 * moments * (shard if stage >= 1 else n_params)",
+}
+
+
+def per_rank(**wrong) -> str:
+    body = {**BYTES_RIGHT, **wrong}
+    return f"""
+def per_rank_bytes(n_params, world_size, stage, optimizer="adam"):
+    shard = {body["shard"]}
+    moments = {body["moments"]}[optimizer]
+    out = {{"parameters": {body["parameters"]}, "gradients": {body["gradients"]},
+           "optimizer_state": {body["state"]}}}
+    out["total"] = sum(out.values())
+    return out
+"""
+
+
+WRONG = {
+    "largest_batch_from": (
+        "test_largest_batch_from",
+        [
+            largest("b, p = max(peaks.items())\n    return int(budget / (p / b))"),
+            largest(LINE + "\n    return max(0, math.ceil((budget - fixed) / per_sample) - 1)"),
+            largest(LINE + "\n    return max(0, round((budget - fixed) / per_sample))"),
+            largest(LINE + "\n    return math.floor((budget - fixed) / per_sample)"),
+            largest(LINE + "\n    return int(budget // per_sample)"),
+            largest(LINE + "\n    return max(0, (budget - fixed) // per_sample)"),
+            largest(LINE + "\n    return max(0, math.floor((budget - p0) / per_sample))"),
+        ],
+    ),
+    "psnr": (
+        "test_psnr",
+        [
+            psnr(MSE + "\n    return math.inf if mse == 0 else 20 * math.log10(data_range / mse)"),
+            psnr(MSE + "\n    return math.inf if mse == 0 else 10 * math.log(data_range**2 / mse)"),
+            psnr(
+                "mse = torch.sum((prediction.double() - target.double()) ** 2).item()\n"
+                "    return math.inf if mse == 0 else 10 * math.log10(data_range**2 / mse)"
+            ),
+            psnr(MSE + "\n    return math.inf if mse == 0 else 10 * math.log10(data_range / mse)"),
+            psnr(
+                MSE
+                + "\n    return math.inf if mse == 0 else 10 * math.log10(target.max().item() ** 2 / mse)"
+            ),
+            psnr(
+                "mse = ((prediction - target) ** 2).double().mean().item()\n"
+                "    return math.inf if mse == 0 else 10 * math.log10(data_range**2 / mse)"
+            ),
+            psnr(
+                "mse = torch.mean((prediction.double() - target.double()) ** 2)\n"
+                "    return 10 * torch.log10(data_range**2 / mse)"
+            ),
+            psnr(MSE + "\n    return 10 * math.log10(data_range**2 / mse)"),
+        ],
+    ),
+    "zero_one": (
+        "test_zero_one",
+        [
+            zero(size="self.numel // self.n"),
+            zero(
+                gather="""full = self._flat([p.detach() for p in self.params])
+        full[start:start + self.shard_size] = self.shard.detach()"""
+            ),
+            zero(
+                gather="""full = self._flat([p.detach() for p in self.params])
+        full[start:start + self.shard_size] = self.shard.detach()
+        dist.broadcast(full, src=0)"""
+            ),
+            zero(
+                optimizer="optimizer_class(self.params, **kwargs)",
+                inner="self.optimizer.step()\n        return",
+            ),
+            zero(
+                inner="""self.optimizer = self.optimizer_class([self.shard], **self.kwargs)
+        self.optimizer.step()"""
+            ),
+            zero(
+                grads="""grads = self._flat([p.grad for p in self.params])
+        dist.all_reduce(grads)
+        self.shard.grad = grads[start:start + self.shard_size].clone()"""
+            ),
+            zero(
+                shard="flat[self.rank::self.n].clone().requires_grad_(True)",
+                grads="""grads = self._flat([p.grad for p in self.params])
+        self.shard.grad = grads[self.rank::self.n].clone()""",
+            ),
+            zero(zero_grad="pass"),
+        ],
+    ),
+    "per_rank_bytes": (
+        "test_per_rank_bytes",
+        [
+            per_rank(moments='{"sgd": 0, "momentum": 1, "adam": 1}'),
+            per_rank(shard="n_params / world_size"),
+            per_rank(shard="n_params // world_size"),
+            per_rank(gradients="4 * (shard if stage >= 1 else n_params)"),
+            per_rank(parameters="4 * n_params"),
+            per_rank(moments='{"sgd": 1, "momentum": 1, "adam": 2}'),
+            per_rank(
+                parameters="2 * (shard if stage >= 3 else n_params)",
+                gradients="2 * (shard if stage >= 2 else n_params)",
+                state="(4 + 4 * moments) * (shard if stage >= 1 else n_params)",
+            ),
+            per_rank(
+                parameters="4 * (shard if stage >= 2 else n_params)",
+                gradients="4 * (shard if stage >= 3 else n_params)",
+            ),
+        ],
+    ),
+}
+# the timing, fitting and plotting cells grade nothing: a class is graded without them
+UNGRADED = ("def epoch_times(", "def fit_image(", "def grid(", "shown = [", "measured = {0: ")
+
+
+def test_every_question_has_wrong_answers_that_differ_from_the_solution():
+    solution = {cells.grade_id(c): c.source for c in nbformat.read(LAB, as_version=4).cells}
+    assert {test for test, _ in WRONG.values()} == set(AUTO)
+    for gid, (_, variants) in WRONG.items():
+        assert gid in solution and len(variants) >= 4, gid
+        assert len({v.strip() for v in variants}) == len(variants), gid
+        assert all(v.strip() != solution[gid].strip() for v in variants), gid
+    assert set(lab_grading.wrong_submissions(WRONG, mixed=False)) == {f"wrong{v}" for v in range(8)}
+
+
+def test_the_right_parts_of_the_wrong_answer_templates_are_the_solution():
+    """The templates above, with nothing wrong, are a right answer: each wrong answer differs
+    from the solution only in what it names."""
+    import math
+
+    import torch
+
+    ns: dict = {"math": math, "torch": torch}
+    exec(per_rank(), ns)  # noqa: S102 - our own test source
+    sol: dict = {"math": math}
+    src = {cells.grade_id(c): c.source for c in nbformat.read(LAB, as_version=4).cells}
+    exec(src["per_rank_bytes"], sol)  # noqa: S102 - the solution's own cell
+    for args in ((1_000_003, 4, 2, "adam"), (10, 3, 1, "momentum"), (7, 1, 3, "sgd")):
+        assert ns["per_rank_bytes"](*args) == sol["per_rank_bytes"](*args)
+
+
+def test_the_unfinished_student_version_says_what_to_do():
+    student = nbformat.read(STUDENT, as_version=4)
+    stubs = [c.source for c in student.cells if "NotImplementedError" in c.source]
+    assert len(stubs) == 4  # largest_batch_from, psnr, ZeroOne, per_rank_bytes
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lab03")
+    (tmp / "lab").mkdir(), (tmp / "student").mkdir()
+    return lab_grading.grade_class(
+        lab_grading.trimmed(LAB, tmp / "lab", UNGRADED),
+        lab_grading.trimmed(STUDENT, tmp / "student", UNGRADED),
+        WRONG,
+        tmp,
+        mixed=False,
+        entry=LAB,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # grading the class (the fixture) runs inside the first test
+def test_the_solution_scores_every_automatic_point_and_the_unfinished_lab_none(graded):
+    lab_grading.assert_perfect_scores_all_and_untouched_none(graded, AUTO, MANUAL)
+    assert sum(AUTO.values()) == 10
+
+
+def test_each_plausible_wrong_answer_loses_its_points(graded):
+    lab_grading.assert_wrong_answers_lose_their_points(graded, WRONG, AUTO, mixed=False)
