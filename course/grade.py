@@ -19,6 +19,7 @@ every finished grade; a re-run skips submissions already graded and unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import html
@@ -48,9 +49,56 @@ from course.release import student_version
 from course.verdict import Checker
 
 VERSION = "3"  # part of the resume key: bump when scoring changes
-# Grading slot k runs as uid UID_BASE + k when the grader is root. Two graders on one machine
-# must not share uids (each kills every process of its uids): give each its own base.
+# Grading slot k runs as uid base + k when the grader is root. Two graders on one machine must
+# not share uids (each kills every process of its uids), so each takes a free block of UID_BLOCK
+# uids from UID_BASE on, held by a lock for its lifetime; COURSE_GRADE_UID_BASE names one.
 UID_BASE = int(os.environ.get("COURSE_GRADE_UID_BASE", "40000"))
+UID_BLOCK = 64
+UID_BLOCKS = 32
+LOCK_DIR = Path(
+    os.environ.get(
+        "COURSE_GRADE_LOCK_DIR",
+        "/run/lock" if os.path.isdir("/run/lock") else tempfile.gettempdir(),
+    )
+)
+
+
+class UidsBusy(RuntimeError):
+    """Every block of sandbox uids is held by another grader on this machine."""
+
+
+@contextlib.contextmanager
+def uid_block(jobs: int = 1):
+    """Hold a block of uids no other grader on this machine uses; yields its first uid.
+
+    A block is taken with an exclusive ``flock`` on a lock file, which the kernel releases when
+    this process ends, however it ends: a crashed grader never leaves a block taken. With
+    COURSE_GRADE_UID_BASE set, only that block is tried."""
+    import fcntl
+
+    if jobs > UID_BLOCK:
+        raise ValueError(f"at most {UID_BLOCK} jobs at once (each runs as its own uid), not {jobs}")
+    fixed = "COURSE_GRADE_UID_BASE" in os.environ
+    bases = [UID_BASE] if fixed else [UID_BASE + k * UID_BLOCK for k in range(UID_BLOCKS)]
+    for base in bases:
+        # 0600: a sandboxed submission (another uid) cannot open it to hold a block hostage
+        fd = os.open(LOCK_DIR / f"course-grade-uids-{base}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        handle = os.fdopen(fd, "r+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.close()
+            continue
+        try:
+            yield base
+        finally:
+            handle.close()  # closing releases the lock
+        return
+    raise UidsBusy(
+        f"uids {bases[0]}..{bases[-1] + UID_BLOCK - 1} are all in use by other graders on this "
+        "machine: wait for one to finish"
+        + (", or unset COURSE_GRADE_UID_BASE to let this one find a free block" if fixed else "")
+    )
 
 
 @dataclass
@@ -306,7 +354,7 @@ class IsolationUnavailable(RuntimeError):
 class Isolation:
     """What this machine allows, probed once: uid switching, namespaces, cgroups."""
 
-    def __init__(self, mode: str = "auto"):
+    def __init__(self, mode: str = "auto", uid_base: int = UID_BASE):
         if mode not in ISOLATION_MODES:
             raise ValueError(f"isolation must be one of {', '.join(ISOLATION_MODES)}, not {mode!r}")
         self.mode = mode
@@ -319,7 +367,7 @@ class Isolation:
         # Can a kernel run as another uid? Inside the namespaces the sandbox can expose an
         # interpreter that lives under /root; without them it must be readable as it is.
         prefix = ["unshare", "--net", "--mount", "--fork", "--"] if self.namespaces else []
-        command = [sys.executable, "-m", "course.sandbox", "--probe", str(UID_BASE)]
+        command = [sys.executable, "-m", "course.sandbox", "--probe", str(uid_base)]
         self.uid = self.root and _probe(prefix + command)
         self.cgroup_root = _cgroup_root() if self.root else None
 
@@ -495,7 +543,7 @@ def grade_one(
     work: Path,
     limits: Limits,
     iso: Isolation,
-    slot: int,
+    uid: int | None,
     parameters: dict,
     hide: list[str],
     stop: threading.Event,
@@ -508,7 +556,6 @@ def grade_one(
     graded_nb, flags = assemble(source, nb, parameters)
     tests = split_tests(graded_nb)
     marker = uuid.uuid4().hex
-    uid = UID_BASE + slot if iso.uid else None
     private = Path(tempfile.mkdtemp(prefix="job-", dir=work))
     workdir = Path(tempfile.mkdtemp(prefix=f"grade-{student[:20]}-"))
     if uid is not None:
@@ -814,7 +861,29 @@ def grade(
     progress: bool = True,
     hide: list[str] | None = None,
 ) -> dict[str, Result]:
-    """Grade every entry of ``submissions`` against the solution notebook ``lab``."""
+    """Grade every entry of ``submissions`` against the solution notebook ``lab``.
+
+    As root each submission runs as its own uid, from a block of uids that no other grader on
+    this machine holds (``uid_block``): graders started side by side never kill each other's
+    kernels."""
+    with uid_block(max(1, jobs)) as uid_base:
+        return _grade(
+            lab, submissions, out, jobs, limits, parameters, isolation, progress, hide, uid_base
+        )
+
+
+def _grade(
+    lab,
+    submissions,
+    out,
+    jobs: int = 1,
+    limits: Limits | None = None,
+    parameters: dict | None = None,
+    isolation: str = "auto",
+    progress: bool = True,
+    hide: list[str] | None = None,
+    uid_base: int = UID_BASE,
+) -> dict[str, Result]:
     from tqdm.auto import tqdm
 
     limits = limits or Limits()
@@ -829,7 +898,7 @@ def grade(
     work = out / ".work"
     work.mkdir(exist_ok=True)
     os.chmod(work, 0o700)
-    iso = Isolation(isolation)
+    iso = Isolation(isolation, uid_base)
     if not iso.strong and iso.mode != UNSAFE:
         raise IsolationUnavailable(
             f"refusing to run submissions without isolation: {iso.missing()}. Run `course grade` "
@@ -867,7 +936,8 @@ def grade(
         with slot_lock:
             slot = slots.pop()
         try:
-            r = grade_one(path, source, qs, work, limits, iso, slot, parameters, hide, stop)
+            uid = uid_base + slot if iso.uid else None
+            r = grade_one(path, source, qs, work, limits, iso, uid, parameters, hide, stop)
         except Exception as exc:  # the grader's own bug must not sink the batch either
             r = Result(
                 path.stem if path.is_file() else path.name,

@@ -109,14 +109,15 @@ class memory_limit:  # noqa: N801 - a context manager used like a function
             if device is not None
             else (p.device if p is not None else torch.device("cpu"))
         )
-        self.live: dict = {}  # storage key -> bytes of saved activations still alive
+        self.live: dict = {}  # storage key -> weakref to a saved activation's storage
         self.peak: dict = {"total": 0}
         self._fit: dict | None = None  # the tracked tensors at the last check that fit
         self._hooks = None
 
     @property
     def activations(self) -> int:
-        return sum(self.live.values())
+        # read live: FSDP frees a gathered weight it saved for backward with resize_(0)
+        return sum(st.nbytes() for st in (r() for r in list(self.live.values())) if st is not None)
 
     def __enter__(self) -> memory_limit:
         import torch
@@ -147,12 +148,12 @@ class memory_limit:  # noqa: N801 - a context manager used like a function
             self._hooks = None
 
     def _pack(self, t):
-        key = t.untyped_storage().data_ptr()
+        st = t.untyped_storage()
+        key = st.data_ptr()
         if key not in self._param_keys and key not in self.live:
-            nbytes = t.untyped_storage().nbytes()
-            self.live[key] = nbytes
-            weakref.finalize(t, self.live.pop, key, None)  # freed after backward: no longer counted
-            self.check(incoming=nbytes)
+            # freed after backward: no longer counted
+            self.live[key] = weakref.ref(st, lambda _, k=key: self.live.pop(k, None))
+            self.check(incoming=st.nbytes())
         return t
 
     def check(self, incoming: int = 0) -> dict:

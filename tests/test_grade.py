@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import nbformat
 import psutil
@@ -308,11 +309,13 @@ def test_ranks_run_inside_the_sandbox_and_a_stuck_submission_hits_the_budget(ass
     assert results["stuck"].scores["test_square"] == 2.0  # what finished before the budget counts
     # ranks the grading started, wherever they were reparented to; this test process's own warm
     # pool (an earlier test in this run launched in-process) is not the grader's to kill
-    # (as root the submissions run as uids from UID_BASE on: another grader's ranks are not ours)
-    from course.grade import UID_BASE
+    # (as root the submissions run as uids of a grader's block, from UID_BASE on)
+    from course.grade import UID_BASE, UID_BLOCK, UID_BLOCKS
 
     ours = (
-        range(UID_BASE, UID_BASE + 64) if os.geteuid() == 0 else range(os.getuid(), os.getuid() + 1)
+        range(UID_BASE, UID_BASE + UID_BLOCK * UID_BLOCKS)
+        if os.geteuid() == 0
+        else range(os.getuid(), os.getuid() + 1)
     )
     leftovers = [
         p
@@ -345,3 +348,52 @@ def test_totals_match_nbgrader_autograde_except_its_stderr_penalty(assignment, t
                 assert ours[name].scores[gid] == points, (name, gid)
     quiet = {n: sum(v for g, v in theirs[n].items() if g != "test_noisy") for n in ANSWERS}
     assert quiet == {n: ours[n].total - (ours[n].scores["test_noisy"] or 0) for n in ANSWERS}
+
+
+def test_graders_side_by_side_take_different_blocks_of_uids(monkeypatch, tmp_path):
+    from course import grade as g
+
+    monkeypatch.setattr(g, "LOCK_DIR", tmp_path)
+    monkeypatch.delenv("COURSE_GRADE_UID_BASE", raising=False)
+    with g.uid_block(2) as first, g.uid_block(2) as second:
+        assert first == g.UID_BASE and second == g.UID_BASE + g.UID_BLOCK
+    with g.uid_block(2) as again:  # released when a grader is done
+        assert again == g.UID_BASE
+    monkeypatch.setenv("COURSE_GRADE_UID_BASE", str(g.UID_BASE))
+    with g.uid_block(1), pytest.raises(g.UidsBusy, match="unset COURSE_GRADE_UID_BASE"):
+        with g.uid_block(1):
+            pass
+    with pytest.raises(ValueError, match="at most 64 jobs"):
+        with g.uid_block(65):
+            pass
+    assert (
+        oct((tmp_path / f"course-grade-uids-{g.UID_BASE}.lock").stat().st_mode & 0o777) == "0o600"
+    )
+
+
+def test_a_blocks_lock_is_released_when_its_grader_dies(monkeypatch, tmp_path):
+    from course import grade as g
+
+    monkeypatch.setattr(g, "LOCK_DIR", tmp_path)
+    monkeypatch.delenv("COURSE_GRADE_UID_BASE", raising=False)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; import course.grade as g; "
+            f"g.LOCK_DIR = Path({str(tmp_path)!r}); b = g.uid_block(1); print(b.__enter__(), flush=True); "
+            "time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(g.__file__).parent.parent,
+    )
+    try:
+        assert int(holder.stdout.readline()) == g.UID_BASE
+        with g.uid_block(1) as base:
+            assert base == g.UID_BASE + g.UID_BLOCK  # the first block is another grader's
+    finally:
+        holder.kill()
+        holder.wait()
+    with g.uid_block(1) as base:  # killed, not closed: the kernel let go of its lock
+        assert base == g.UID_BASE

@@ -1,11 +1,13 @@
 """Lab 03 end to end: graded like a student's — perfect, unfinished, and plausibly wrong.
 
 The wrong answers are the ones a student would write: the largest batch from one point's bytes
-per sample (the fixed part forgotten), rounded or off by one at the boundary, negative, a float;
-PSNR with 20·log10, a natural log, a sum, the range not squared, the range read from the target,
-uint8 differences that wrap, a tensor, no ``inf``; a ZeRO-1 with floored shards, without the
-all-gather, broadcasting rank 0's view, an unsharded optimizer, a state that is re-created every
-step, gradients summed again, strided shards read back in order, ``zero_grad`` forgotten; bytes per
+per sample (the fixed part forgotten), rounded or off by one at the boundary, negative or
+truncated, a float, a slope floored; PSNR with 20·log10, a natural log, a sum, the range not
+squared, read from the target or guessed, uint8 differences that wrap, int16 squares that
+overflow, a tensor, no ``inf``; a ZeRO-1 with floored shards, without the all-gather,
+broadcasting rank 0's view, an unsharded optimizer, a state that is re-created every step,
+gradients summed again, strided shards read back in order, ``zero_grad`` forgotten, a float64
+buffer for every dtype; bytes per
 rank with Adam's state counted once, unpadded or floored shards, the gradients sharded at stage
 1, the parameters never sharded, SGD given a state, mixed precision's bytes in fp32, stage 2 and
 3 swapped. Each wrong submission is wrong in every question at once (lab 01's test shows that a
@@ -127,6 +129,11 @@ WRONG = {
             largest(LINE + "\n    return int(budget // per_sample)"),
             largest(LINE + "\n    return max(0, (budget - fixed) // per_sample)"),
             largest(LINE + "\n    return max(0, math.floor((budget - p0) / per_sample))"),
+            largest(LINE + "\n    return int((budget - fixed) / per_sample)"),
+            largest(
+                LINE.replace("(p1 - p0) / (b1 - b0)", "(p1 - p0) // (b1 - b0)")
+                + "\n    return max(0, math.floor((budget - fixed) / per_sample))"
+            ),
         ],
     ),
     "psnr": (
@@ -152,6 +159,15 @@ WRONG = {
                 "    return 10 * torch.log10(data_range**2 / mse)"
             ),
             psnr(MSE + "\n    return 10 * math.log10(data_range**2 / mse)"),
+            psnr(
+                "d = prediction.to(torch.int16) - target.to(torch.int16)\n"
+                "    mse = (d**2).double().mean().item()\n"
+                "    return math.inf if mse == 0 else 10 * math.log10(data_range**2 / mse)"
+            ),
+            psnr(
+                "r = 255.0 if target.max() > 1 else 1.0\n    " + MSE + "\n"
+                "    return math.inf if mse == 0 else 10 * math.log10(r**2 / mse)"
+            ),
         ],
     ),
     "zero_one": (
@@ -186,6 +202,10 @@ WRONG = {
         self.shard.grad = grads[self.rank::self.n].clone()""",
             ),
             zero(zero_grad="pass"),
+            zero(
+                gather="""full = torch.empty(self.n * self.shard_size, dtype=torch.float64)
+        dist.all_gather_into_tensor(full, self.shard.detach())"""
+            ),
         ],
     ),
     "per_rank_bytes": (
@@ -220,7 +240,9 @@ def test_every_question_has_wrong_answers_that_differ_from_the_solution():
         assert gid in solution and len(variants) >= 4, gid
         assert len({v.strip() for v in variants}) == len(variants), gid
         assert all(v.strip() != solution[gid].strip() for v in variants), gid
-    assert set(lab_grading.wrong_submissions(WRONG, mixed=False)) == {f"wrong{v}" for v in range(8)}
+    assert set(lab_grading.wrong_submissions(WRONG, mixed=False)) == {
+        f"wrong{v}" for v in range(10)
+    }
 
 
 def test_the_right_parts_of_the_wrong_answer_templates_are_the_solution():
