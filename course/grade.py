@@ -54,6 +54,9 @@ VERSION = "3"  # part of the resume key: bump when scoring changes
 # uids from UID_BASE on, held by a lock for its lifetime; COURSE_GRADE_UID_BASE names one.
 UID_BASE = int(os.environ.get("COURSE_GRADE_UID_BASE", "40000"))
 UID_BLOCK = 64
+# folders of the course that a submission must not read: the solutions in git history and in
+# the tests' wrong-answer templates, executed notebooks
+PRIVATE = (".git", "tests", "solutions", "build")
 UID_BLOCKS = 32
 LOCK_DIR = Path(
     os.environ.get(
@@ -906,13 +909,16 @@ def _grade(
             "or, only for code you trust, pass --unsafe-no-isolation (every feedback page and "
             "the gradebook will say so)."
         )
-    # Hide the source, the other submissions and the grader's files, never the course itself.
-    keep = [Path(__file__).resolve().parent.parent, Path(sys.prefix).resolve()]
+    # Hide the source, the other submissions and the grader's files, never the course itself
+    # (its helpers and environment); of the course, hide what a submission could learn answers
+    # from: its git history and tests (which hold the solutions) and its built outputs.
+    root = Path(__file__).resolve().parent.parent
+    keep = [root, Path(sys.prefix).resolve()]
     hide = [
         str(p)
         for p in map(Path, hide or [lab.parent, submissions, out])
         if not any(k == p or p in k.parents for k in keep)
-    ]
+    ] + [str(root / name) for name in PRIVATE if (root / name).is_dir()]
 
     entries = sorted(p for p in submissions.iterdir() if not p.name.startswith("."))
     results: dict[str, Result] = {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -251,8 +252,14 @@ def test_cli_grades_and_interrupt_keeps_finished_grades(assignment, tmp_path):
     _, src, student = assignment
     subs = write(tmp_path / "subs", {f"s{i}": answer(student) for i in range(4)})
     out = tmp_path / "out"
+    # A shell starts background jobs with SIGINT ignored, and Python keeps an inherited
+    # SIG_IGN: restore the default so Ctrl-C reaches the grader however pytest was started.
     proc = subprocess.Popen(
-        grade_cli(src, subs, out, 1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        grade_cli(src, subs, out, 1),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 120
     while not any((out / "results").glob("*.json")) and time.monotonic() < deadline:

@@ -72,6 +72,25 @@ def graded(tmp_path_factory):
     script.cells.append(new_markdown_cell("<img src=x onerror=alert(1)><script>alert(2)</script>"))
     subs["script_in_feedback"] = script
 
+    # Answers looked up in the course itself: its git history, its tests, its solutions.
+    peek = answer(student)
+    peek.cells.append(
+        new_code_cell(
+            "import os, subprocess, helpers\n"
+            "root = os.path.dirname(os.path.dirname(helpers.__file__))\n"
+            "for name in ('.git', 'tests', 'solutions', 'build'):\n"
+            "    p = os.path.join(root, name)\n"
+            "    print('PEEK', name, sorted(os.listdir(p)) if os.path.isdir(p) else 'absent')\n"
+            "try:\n"
+            "    r = subprocess.run(['git', '-c', 'safe.directory=*', '-C', root, 'log', '-1'],\n"
+            "                       capture_output=True, text=True).stdout\n"
+            "except OSError as e:\n"
+            "    r = ''\n"
+            "print('PEEK git', repr(r[:40]))"
+        )
+    )
+    subs["reads_the_course"] = peek
+
     # A wrong answer that fails only the hidden tests (square(-4) must be 16).
     subs["fails_hidden"] = answer(student, square="return abs(x) * x")
 
@@ -89,6 +108,15 @@ def test_nothing_is_left_behind_in_tmp(graded):
         if name.startswith(("expose-", "graded-kernels-", "grade-", "torchinductor_"))
     }
     assert not leftovers
+
+
+def test_the_courses_history_tests_and_solutions_are_empty_to_a_submission(graded):
+    results, out, _ = graded
+    assert results["reads_the_course"].status == "graded"
+    page = feedback(out, "reads_the_course")
+    for name in (".git", "tests", "solutions"):
+        assert f"PEEK {name} []" in page
+    assert "PEEK git &#x27;&#x27;" in page or "PEEK git ''" in page
 
 
 def feedback(out, name):
