@@ -40,6 +40,19 @@ def main(argv: list[str] | None = None) -> int:
         "when it cannot isolate (not root, no namespaces)",
     )
 
+    g.add_argument(
+        "--shard",
+        default=None,
+        metavar="K/N",
+        help="grade only the K-th of N slices of the submissions (one per machine); join the "
+        "slices' --out folders with `course grade-merge`",
+    )
+
+    m = sub.add_parser("grade-merge", help="join the folders of `course grade --shard K/N`")
+    m.add_argument("lab", help="the solution notebook the slices were graded with")
+    m.add_argument("out", help="output folder of the joined gradebook and feedback")
+    m.add_argument("shards", nargs="+", help="the slices' --out folders")
+
     c = sub.add_parser(
         "check", help="nbval: committed outputs of lectures and solutions still hold"
     )
@@ -84,6 +97,21 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "grade":
         return _grade(args)
+    if args.command == "grade-merge":
+        from course.grade import merge, summary
+
+        lab = find_lab(args.lab)
+        if lab is None:
+            print(f"course grade-merge: {args.lab} names no single notebook", file=sys.stderr)
+            return 2
+        try:
+            results = merge(lab, args.shards, args.out)
+        except ValueError as exc:
+            print(f"course grade-merge: {exc}", file=sys.stderr)
+            return 2
+        print(summary(results))
+        print(f"gradebook: {args.out}/gradebook.csv, feedback: {args.out}/feedback/")
+        return 0
     if args.command == "run":
         from course.run import REPO, run_notebooks, summary
 
@@ -94,6 +122,19 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
+def find_lab(name: str):
+    """A solution notebook by path, or by the start of its name in solutions/ (e.g. lab01)."""
+    from pathlib import Path
+
+    from course.syllabus import REPO
+
+    lab = Path(name)
+    if lab.exists():
+        return lab
+    found = sorted((REPO / "solutions").rglob(f"{name}*.ipynb"))
+    return found[0] if len(found) == 1 else None
+
+
 def _grade(args) -> int:
     from pathlib import Path
 
@@ -101,15 +142,10 @@ def _grade(args) -> int:
     from course.syllabus import REPO, load_syllabus
     from helpers.memory import parse_bytes
 
-    lab = Path(args.lab)
-    if not lab.exists():
-        found = sorted((REPO / "solutions").rglob(f"{args.lab}*.ipynb"))
-        if len(found) != 1:
-            print(
-                f"course grade: {args.lab} names no single notebook in solutions/", file=sys.stderr
-            )
-            return 2
-        lab = found[0]
+    lab = find_lab(args.lab)
+    if lab is None:
+        print(f"course grade: {args.lab} names no single notebook in solutions/", file=sys.stderr)
+        return 2
     if not Path(args.submissions).is_dir():
         print(f"course grade: {args.submissions} is not a folder of submissions", file=sys.stderr)
         return 2
@@ -122,8 +158,13 @@ def _grade(args) -> int:
     )
     out = Path(args.out) if args.out else REPO / "build" / "grades" / lab.stem
     from course.cells import FormatError
-    from course.grade import UNSAFE, IsolationUnavailable
+    from course.grade import UNSAFE, IsolationUnavailable, UidsBusy, check_shard
 
+    try:
+        shard = check_shard(args.shard) if args.shard else None
+    except ValueError as exc:
+        print(f"course grade: {exc}", file=sys.stderr)
+        return 2
     try:
         results = grade(
             lab,
@@ -133,8 +174,13 @@ def _grade(args) -> int:
             limits=limits,
             parameters=parameters,
             isolation=UNSAFE if args.unsafe_no_isolation else "auto",
+            shard=shard,
         )
-    except (IsolationUnavailable, FormatError) as exc:  # FormatError: the lab's own authoring
+    except (
+        IsolationUnavailable,
+        FormatError,
+        UidsBusy,
+    ) as exc:  # FormatError: the lab's own authoring
         print(f"course grade: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -863,15 +863,29 @@ def grade(
     isolation: str = "auto",
     progress: bool = True,
     hide: list[str] | None = None,
+    shard: tuple[int, int] | str | None = None,
 ) -> dict[str, Result]:
     """Grade every entry of ``submissions`` against the solution notebook ``lab``.
+
+    ``shard=(k, n)`` or "k/n": only the k-th of n slices (1 ≤ k ≤ n; entry i in name order
+    belongs to slice i mod n + 1), for n graders on n machines; ``merge`` joins their folders.
 
     As root each submission runs as its own uid, from a block of uids that no other grader on
     this machine holds (``uid_block``): graders started side by side never kill each other's
     kernels."""
     with uid_block(max(1, jobs)) as uid_base:
         return _grade(
-            lab, submissions, out, jobs, limits, parameters, isolation, progress, hide, uid_base
+            lab,
+            submissions,
+            out,
+            jobs,
+            limits,
+            parameters,
+            isolation,
+            progress,
+            hide,
+            uid_base,
+            shard,
         )
 
 
@@ -886,6 +900,7 @@ def _grade(
     progress: bool = True,
     hide: list[str] | None = None,
     uid_base: int = UID_BASE,
+    shard: tuple[int, int] | str | None = None,
 ) -> dict[str, Result]:
     from tqdm.auto import tqdm
 
@@ -921,6 +936,9 @@ def _grade(
     ] + [str(root / name) for name in PRIVATE if (root / name).is_dir()]
 
     entries = sorted(p for p in submissions.iterdir() if not p.name.startswith("."))
+    k, n = check_shard(shard or (1, 1))
+    entries = [p for i, p in enumerate(entries) if i % n == k - 1]
+    write_manifest(out, source_bytes, (k, n), entries)
     results: dict[str, Result] = {}
     todo = []
     for path in entries:
@@ -978,6 +996,85 @@ def _grade(
     finally:
         pool.shutdown(wait=True)
         bar.close()
+    write_gradebook(results, qs, out)
+    return results
+
+
+# -- grading on several machines: slices and their merge ----------------------------------------
+
+MANIFEST = "shard.json"
+
+
+def check_shard(shard) -> tuple[int, int]:
+    """(k, n) from (k, n) or 'k/n', checked: 1 ≤ k ≤ n."""
+    if isinstance(shard, str):
+        parts = shard.split("/")
+        if len(parts) != 2 or not all(x.strip().isdigit() for x in parts):
+            raise ValueError(f"--shard takes K/N, e.g. 2/4 (the 2nd of 4 slices), not {shard!r}")
+        shard = tuple(int(x) for x in parts)
+    k, n = shard
+    if not 1 <= k <= n:
+        raise ValueError(f"shard {k}/{n}: K must be between 1 and N")
+    return k, n
+
+
+def write_manifest(out: Path, source_bytes: bytes, shard: tuple[int, int], entries) -> None:
+    """What this folder grades: the lab (by hash), the slice, the students in it."""
+    manifest = {
+        "lab_sha256": hashlib.sha256(source_bytes).hexdigest(),
+        "shard": list(shard),
+        "students": [p.stem if p.is_file() else p.name for p in entries],
+    }
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+
+def merge(lab, shards, out) -> dict[str, Result]:
+    """Join the output folders of ``course grade --shard k/n`` (k = 1..n) into one gradebook and
+    one feedback folder in ``out``. Refuses slices of another lab or of another n, missing or
+    repeated slices, unfinished ones, and a student in two slices: a merged gradebook is whole."""
+    lab, out = Path(lab).resolve(), Path(out).resolve()
+    source_bytes = lab.read_bytes()
+    qs = questions(nbformat.reads(source_bytes.decode(), as_version=4))
+    digest = hashlib.sha256(source_bytes).hexdigest()
+    seen: dict[int, Path] = {}
+    results: dict[str, Result] = {}
+    pages: dict[str, Path] = {}
+    n = None
+    for folder in map(Path, shards):
+        path = folder / MANIFEST
+        if not path.exists():
+            raise ValueError(f"{folder} is not an output folder of `course grade` (no {MANIFEST})")
+        manifest = json.loads(path.read_text())
+        k, n_here = manifest["shard"]
+        if manifest["lab_sha256"] != digest:
+            raise ValueError(f"{folder} was graded with another version of {lab.name}: re-grade it")
+        if n is not None and n_here != n:
+            raise ValueError(f"{folder} is slice {k}/{n_here}; the others are slices of {n}")
+        n = n_here
+        if k in seen:
+            raise ValueError(f"slice {k}/{n} is given twice: {seen[k]} and {folder}")
+        seen[k] = folder
+        for student in manifest["students"]:
+            saved = folder / "results" / f"{student}.json"
+            if not saved.exists():
+                raise ValueError(
+                    f"{folder}: {student} has no result (its grader was interrupted): run the same "
+                    "`course grade --shard` again, it grades only what is missing"
+                )
+            if student in results:
+                raise ValueError(f"{student} was graded in two slices, {folder} and another")
+            results[student] = Result(**json.loads(saved.read_text()))
+            pages[student] = folder / "feedback" / f"{student}.html"
+    missing = sorted(set(range(1, (n or 0) + 1)) - set(seen))
+    if missing:
+        raise ValueError(f"slices {', '.join(f'{k}/{n}' for k in missing)} are missing")
+    (out / "results").mkdir(parents=True, exist_ok=True)
+    (out / "feedback").mkdir(exist_ok=True)
+    for student, r in results.items():
+        saved = {k: v for k, v in r.__dict__.items() if k != "executed"}
+        (out / "results" / f"{student}.json").write_text(json.dumps(saved))
+        if pages[student].exists():
+            shutil.copy(pages[student], out / "feedback" / pages[student].name)
     write_gradebook(results, qs, out)
     return results
 

@@ -404,3 +404,69 @@ def test_a_blocks_lock_is_released_when_its_grader_dies(monkeypatch, tmp_path):
         holder.wait()
     with g.uid_block(1) as base:  # killed, not closed: the kernel let go of its lock
         assert base == g.UID_BASE
+
+
+def test_three_slices_graded_side_by_side_merge_into_the_gradebook_of_one_run(assignment, tmp_path):
+    import json
+
+    _, src, student = assignment
+    subs = write(
+        tmp_path / "subs",
+        {
+            "a": answer(student),
+            "b": answer(student, square="return 0"),
+            "c": answer(student, mean="return 0"),
+            "d": nbformat.from_dict(student),
+            "e": answer(student, square="return x + x"),
+        },
+    )
+    whole = tmp_path / "whole"
+    run = subprocess.run(
+        grade_cli(src, subs, whole, 2), capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr
+    # three graders at once on one machine (a Slurm array would put them on three): each takes
+    # its own block of uids, so none kills another's kernels
+    slices = [tmp_path / f"slice{k}" for k in (1, 2, 3)]
+    procs = [
+        subprocess.Popen(
+            [*grade_cli(src, subs, out, 1), "--shard", f"{k}/3"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for k, out in zip((1, 2, 3), slices, strict=True)
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err
+    students = [json.loads((out / "shard.json").read_text())["students"] for out in slices]
+    assert students == [["a", "d"], ["b", "e"], ["c"]]
+
+    def merge(out, *folders):
+        command = [
+            sys.executable,
+            "-m",
+            "course",
+            "grade-merge",
+            str(src),
+            str(out),
+            *map(str, folders),
+        ]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+    merged = tmp_path / "merged"
+    done = merge(merged, slices[2], slices[0], slices[1])
+    assert done.returncode == 0, done.stderr
+    assert scores(merged) == scores(whole)
+    assert scores(whole)["a"]["total"] == "6.0" and scores(whole)["d"]["total"] == "0.0"
+    assert sorted(os.listdir(merged / "feedback")) == sorted(os.listdir(whole / "feedback"))
+    # a gradebook with a slice missing, or one slice twice, is refused
+    missing = merge(tmp_path / "m2", slices[0], slices[1])
+    assert missing.returncode == 2 and "slices 3/3 are missing" in missing.stderr
+    twice = merge(tmp_path / "m3", slices[0], slices[0], slices[1], slices[2])
+    assert twice.returncode == 2 and "given twice" in twice.stderr
+    bad = subprocess.run(
+        [*grade_cli(src, subs, tmp_path / "x", 1), "--shard", "4/3"], capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "K must be between 1 and N" in bad.stderr
