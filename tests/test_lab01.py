@@ -224,7 +224,15 @@ WRONG = {
 }
 
 
-FASTER = {"repeats": 1, "steps": 4, "warmup": 1}
+FASTER = {"repeats": 1, "steps": 4, "warmup": 1, "world_sizes": [1, 2]}
+UNGRADED = (
+    "helpers.world.budget,",
+    "with_set_epoch = ",
+    "table = pd.DataFrame(speedup_table(",
+    "split = pd.DataFrame(rows)",
+    "fair = [ws for ws",
+    "bench = helpers.benchmark_collectives(",
+)
 
 
 def wrong_submissions() -> dict[str, dict[str, str]]:
@@ -259,10 +267,18 @@ def test_the_unfinished_student_version_says_what_to_do():
 def graded(tmp_path_factory):
     """Grade the solution, the untouched student version and every wrong submission, once.
 
-    The timing runs repeat once instead of 3 times: their figures are checked for form and
-    against each other (the same run), never against a threshold of time."""
+    On copies without the ungraded cells (thread budgets, the set_epoch demo, tables, plots,
+    the α-β benchmark and cost model), with one timing repeat and worlds of 1 and 2: the
+    graded cells' figures are checked for form and against each other, never against a time."""
+    tmp = tmp_path_factory.mktemp("lab01")
+    (tmp / "lab").mkdir(), (tmp / "student").mkdir()
     return lab_grading.grade_class(
-        LAB, STUDENT, WRONG, tmp_path_factory.mktemp("lab01"), overrides=FASTER
+        lab_grading.trimmed(LAB, tmp / "lab", UNGRADED),
+        lab_grading.trimmed(STUDENT, tmp / "student", UNGRADED),
+        WRONG,
+        tmp,
+        overrides=FASTER,
+        entry=LAB,
     )
 
 
