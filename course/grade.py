@@ -49,14 +49,14 @@ from course.release import student_version
 from course.verdict import Checker
 
 VERSION = "3"  # part of the resume key: bump when scoring changes
+# folders of the course that a submission must not read: the solutions in git history and in
+# the tests' wrong-answer templates, executed notebooks
+PRIVATE = (".git", "tests", "solutions", "build")
 # Grading slot k runs as uid base + k when the grader is root. Two graders on one machine must
 # not share uids (each kills every process of its uids), so each takes a free block of UID_BLOCK
 # uids from UID_BASE on, held by a lock for its lifetime; COURSE_GRADE_UID_BASE names one.
 UID_BASE = int(os.environ.get("COURSE_GRADE_UID_BASE", "40000"))
 UID_BLOCK = 64
-# folders of the course that a submission must not read: the solutions in git history and in
-# the tests' wrong-answer templates, executed notebooks
-PRIVATE = (".git", "tests", "solutions", "build")
 UID_BLOCKS = 32
 LOCK_DIR = Path(
     os.environ.get(
