@@ -4,8 +4,9 @@ For each submission (a notebook file, or a folder holding one):
   assemble   the graded notebook from the source: cells matched by grade_id, so inserted, moved
              or split cells do not matter; tests (with their hidden part) and locked cells come
              from the source, edited or deleted ones are restored and flagged;
-  run        it in course.sandbox under the strongest isolation this machine allows (own uid,
-             no network, hidden files, cgroup limits, rlimits), every cell even after failures,
+  run        it in course.sandbox, isolated (own uid, no network, a bubblewrap file view built
+             from an allowlist, private /tmp and PIDs, its slot's cores, cgroup limits,
+             rlimits; refused without it), every cell even after failures,
              a per-cell timeout and a wall-clock budget, then kill everything it started;
   check      each test cell in two halves (course.cells): its probe runs in the sandboxed kernel
              and sends plain data out (course.plain); its check runs on that data in a fresh
@@ -48,10 +49,8 @@ from course import cells
 from course.release import student_version
 from course.verdict import Checker
 
-VERSION = "3"  # part of the resume key: bump when scoring changes
-# folders of the course that a submission must not read: the solutions in git history and in
-# the tests' wrong-answer templates, executed notebooks
-PRIVATE = (".git", "tests", "solutions", "build")
+VERSION = "4"  # part of the resume key: bump when scoring or isolation changes
+MAX_SUBMISSION = 64 * 2**20  # bytes of a submitted notebook, outputs included
 # Grading slot k runs as uid base + k when the grader is root. Two graders on one machine must
 # not share uids (each kills every process of its uids), so each takes a free block of UID_BLOCK
 # uids from UID_BASE on, held by a lock for its lifetime; COURSE_GRADE_UID_BASE names one.
@@ -193,7 +192,13 @@ def _read_regular(path: Path) -> tuple[bytes | None, str | None]:
             return None, f"{path.name} is not a regular file"
         if st.st_nlink > 1:
             return None, f"{path.name} is a hard link to another file: submit a copy"
-        return f.read(), None
+        raw = f.read(MAX_SUBMISSION + 1)
+        if len(raw) > MAX_SUBMISSION:
+            return None, (
+                f"{path.name} is over {MAX_SUBMISSION // 2**20} MiB: clear its outputs "
+                "(Edit > Clear Outputs of All Cells) and submit again"
+            )
+        return raw, None
 
 
 def load_submission(path: Path):
@@ -371,13 +376,14 @@ class Isolation:
         # interpreter that lives under /root; without them it must be readable as it is.
         prefix = ["unshare", "--net", "--mount", "--fork", "--"] if self.namespaces else []
         command = [sys.executable, "-m", "course.sandbox", "--probe", str(uid_base)]
-        self.uid = self.root and _probe(prefix + command)
+        self.bwrap = self.namespaces and shutil.which("bwrap") is not None
+        self.uid = self.bwrap and _probe(prefix + command)
         self.cgroup_root = _cgroup_root() if self.root else None
 
     @property
     def strong(self) -> bool:
         """Own uid and private namespaces: what untrusted code needs before it runs."""
-        return bool(self.uid and self.namespaces)
+        return bool(self.uid and self.namespaces and self.bwrap)
 
     def missing(self) -> str:
         reasons = []
@@ -385,31 +391,28 @@ class Isolation:
             reasons.append("the grader is not running as root (it needs to switch uids)")
         elif not self.namespaces:
             reasons.append("`unshare --net --mount` failed (no util-linux, or no namespaces here)")
+        elif not self.bwrap:
+            reasons.append(
+                "bubblewrap is not installed (it builds the submission's file view): "
+                "`apt-get install bubblewrap`, or run scripts/setup.sh"
+            )
         elif not self.uid:
-            reasons.append("a kernel could not start as an unprivileged uid")
+            reasons.append("a kernel could not start as an unprivileged uid inside bubblewrap")
         return "; ".join(reasons) or "unknown"
 
     def describe(self) -> list[str]:
         if self.mode == UNSAFE:
             return [UNSAFE_NOTE, "resource limits: CPU time, file size"]
-        out = [
-            "resource limits: CPU time, file size" + (", processes (per uid)" if self.uid else "")
-        ]
-        out.append(
-            "own unprivileged uid"
-            if self.uid
-            else "same user as the grader (not root, or the venv is unreadable)"
-        )
-        if not self.namespaces:
-            out.append(
-                "no network namespace: the submission shares the network; solutions readable from disk"
-            )
-        out.append(
+        return [
+            "resource limits: CPU time, file size, processes (per uid)",
+            "own unprivileged uid, no new privileges",
+            "files (bubblewrap): read-only interpreter, environment and the course's helpers; "
+            "writable work folder; private /tmp, /var/tmp, /dev/shm; nothing else of the machine",
+            "processes: private PID namespace and /proc; environment: an allowlist",
             f"cgroup limits: {self.cgroup_root}"
             if self.cgroup_root
-            else "no cgroup: memory and processes watched by polling"
-        )
-        return out
+            else "no cgroup: memory and processes watched by polling",
+        ]
 
 
 def _cgroup_root() -> str | None:
@@ -548,7 +551,7 @@ def grade_one(
     iso: Isolation,
     uid: int | None,
     parameters: dict,
-    hide: list[str],
+    cpus: list[int] | None,
     stop: threading.Event,
 ) -> Result:
     student = path.stem if path.is_file() else path.name
@@ -566,7 +569,9 @@ def grade_one(
     rlimits = {"RLIMIT_CPU": int(limits.budget) + 5, "RLIMIT_FSIZE": limits.file_size}
     if uid is not None:
         rlimits["RLIMIT_NPROC"] = limits.processes
-    env = {
+    env = {  # all the kernel's environment under bwrap (it starts empty): nothing of the grader's
+        "PATH": f"{sys.prefix}/bin:/usr/local/bin:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
         "HOME": str(workdir),
         "TMPDIR": str(workdir),  # caches (torch's inductor, matplotlib) go where rmtree goes
         "USER": "student",
@@ -579,11 +584,10 @@ def grade_one(
         "notebook": graded_nb,
         "cell_timeout": limits.cell_timeout,
         "workdir": str(workdir),
-        "limits": {"uid": uid, "rlimits": rlimits, "env": env},
+        "limits": {"uid": uid, "rlimits": rlimits, "env": env, "cpus": cpus},
         "netns": iso.namespaces,
-        "hide": hide if iso.namespaces else [],
-        "isolation": iso.describe(),
-        "expose": iso.namespaces and uid is not None,
+        "bwrap": iso.strong,
+        "isolation": iso.describe() + ([f"cores: {cpus}"] if cpus else []),
     }
     group = Group(iso, marker, uid, limits)
     job["cgroups"] = [str(d) for d in group.dirs]
@@ -658,6 +662,8 @@ def grade_one(
         shutil.rmtree(workdir, ignore_errors=True)
     if notebook is None and status == "graded":
         status, reason = "error", reason or "the run ended without a result (see runner.log)"
+    if lines.dropped:
+        reason = "; ".join(filter(None, [reason, f"{lines.dropped} result(s) over the size cap"]))
     # The verdicts, now that nothing of the submission runs any more: each check on its data.
     outputs = {}
     with open(private / "checker.log", "wb") as log:
@@ -703,29 +709,39 @@ def grade_one(
 
 
 class _Reader:
-    """JSON lines from the runner's result pipe, read without blocking past a timeout."""
+    """JSON lines from the runner's result pipe, read without blocking past a timeout.
+
+    A line longer than MAX_LINE (the notebook's sources, its capped outputs and one probe's
+    capped data fit well below it) is dropped as it streams, so the grader's memory stays
+    bounded whatever comes down the pipe."""
+
+    MAX_LINE = 128 * 2**20
 
     def __init__(self, fd: int):
         self.fd, self.buf, self.eof = fd, b"", False
+        self.skipping, self.dropped = False, 0  # inside an over-long line; how many so far
 
     def next(self, timeout: float):
         import select
 
-        while b"\n" not in self.buf and not self.eof:
-            ready, _, _ = select.select([self.fd], [], [], timeout)
-            if not ready:
+        while True:
+            if b"\n" in self.buf:
+                line, self.buf = self.buf.split(b"\n", 1)
+                if self.skipping:  # the tail of a dropped line
+                    self.skipping = False
+                    continue
+                try:
+                    return json.loads(line)
+                except ValueError:
+                    return None
+            if self.eof or not select.select([self.fd], [], [], timeout)[0]:
                 return None
             chunk = os.read(self.fd, 1 << 20)
             if not chunk:
                 self.eof = True
             self.buf += chunk
-        if b"\n" in self.buf:
-            line, self.buf = self.buf.split(b"\n", 1)
-            try:
-                return json.loads(line)
-            except ValueError:
-                return None
-        return None
+            if b"\n" not in self.buf and len(self.buf) > self.MAX_LINE:
+                self.buf, self.skipping, self.dropped = b"", True, self.dropped + 1
 
     def close(self) -> None:
         os.close(self.fd)
@@ -862,7 +878,6 @@ def grade(
     parameters: dict | None = None,
     isolation: str = "auto",
     progress: bool = True,
-    hide: list[str] | None = None,
     shard: tuple[int, int] | str | None = None,
 ) -> dict[str, Result]:
     """Grade every entry of ``submissions`` against the solution notebook ``lab``.
@@ -883,10 +898,22 @@ def grade(
             parameters,
             isolation,
             progress,
-            hide,
             uid_base,
             shard,
         )
+
+
+def slot_cores(slot: int, jobs: int) -> list[int] | None:
+    """The cores grading slot ``slot`` of ``jobs`` may use: an equal share, so a CPU-hungry
+    submission slows only itself (None with one slot: all of them). With more slots than
+    cores, slots share cores round-robin."""
+    cores = sorted(os.sched_getaffinity(0))
+    if jobs <= 1:
+        return None
+    if jobs > len(cores):
+        return [cores[slot % len(cores)]]
+    share = len(cores) // jobs
+    return cores[slot * share : (slot + 1) * share]
 
 
 def _grade(
@@ -898,7 +925,6 @@ def _grade(
     parameters: dict | None = None,
     isolation: str = "auto",
     progress: bool = True,
-    hide: list[str] | None = None,
     uid_base: int = UID_BASE,
     shard: tuple[int, int] | str | None = None,
 ) -> dict[str, Result]:
@@ -924,17 +950,6 @@ def _grade(
             "or, only for code you trust, pass --unsafe-no-isolation (every feedback page and "
             "the gradebook will say so)."
         )
-    # Hide the source, the other submissions and the grader's files, never the course itself
-    # (its helpers and environment); of the course, hide what a submission could learn answers
-    # from: its git history and tests (which hold the solutions) and its built outputs.
-    root = Path(__file__).resolve().parent.parent
-    keep = [root, Path(sys.prefix).resolve()]
-    hide = [
-        str(p)
-        for p in map(Path, hide or [lab.parent, submissions, out])
-        if not any(k == p or p in k.parents for k in keep)
-    ] + [str(root / name) for name in PRIVATE if (root / name).is_dir()]
-
     entries = sorted(p for p in submissions.iterdir() if not p.name.startswith("."))
     k, n = check_shard(shard or (1, 1))
     entries = [p for i, p in enumerate(entries) if i % n == k - 1]
@@ -961,7 +976,8 @@ def _grade(
             slot = slots.pop()
         try:
             uid = uid_base + slot if iso.uid else None
-            r = grade_one(path, source, qs, work, limits, iso, uid, parameters, hide, stop)
+            cpus = slot_cores(slot, jobs)
+            r = grade_one(path, source, qs, work, limits, iso, uid, parameters, cpus, stop)
         except Exception as exc:  # the grader's own bug must not sink the batch either
             r = Result(
                 path.stem if path.is_file() else path.name,

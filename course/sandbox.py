@@ -1,14 +1,15 @@
 """Run one submission's notebook in isolation and stream its test results to the grader.
 
 Started by course.grade as ``[unshare --net --mount --fork --] python -m course.sandbox JOB FD``.
-This process stays root where the grader is root; it
+This process stays root where the grader is root; no student code ever runs in it. It
   1. reads the job (the notebook; its test cells hold only their probes) while it can,
   2. brings loopback up in its new network namespace (no network, ports of its own),
-  3. hides the solutions, the other submissions and the grader's files under empty tmpfs mounts,
-  4. makes itself non-dumpable (the submission cannot read the secrets in its memory),
-  5. starts the kernel through course._kernel_shim, which applies the resource limits and drops
-     to the job's unprivileged uid before Python starts the kernel,
-  6. runs every cell (a failing cell does not stop the run) and, after each test cell's probe,
+  3. makes itself non-dumpable (the submission cannot read the secrets in its memory),
+  4. starts the kernel in bubblewrap (``bwrap_argv``: a file view built from an allowlist,
+     private /tmp, PID namespace and /proc, an empty environment), through
+     course._kernel_shim, which applies the resource limits and the job's cores, sets the
+     environment's allowlist and drops to the job's unprivileged uid before the kernel starts,
+  5. runs every cell (a failing cell does not stop the run) and, after each test cell's probe,
      writes one JSON line to FD: the probe's error, if any, and the values its check reads, as
      the kernel published them (course.plain). The last line carries the executed notebook.
 Nothing here decides a grade: whatever comes out of the kernel may be forged. The grader runs
@@ -32,6 +33,7 @@ from course import cells
 from course.plain import MAX_BYTES, MIME
 
 OUTPUT_LIMIT = 100_000  # bytes of output kept per cell; the rest is dropped with a note
+SUBMISSION_OUTPUT_LIMIT = 2_000_000  # bytes of output kept for the whole notebook
 
 
 def loopback_up() -> bool:
@@ -47,76 +49,79 @@ def loopback_up() -> bool:
         return False
 
 
-def hide(paths: list[str]) -> list[str]:
-    """Mount an empty read-only tmpfs over each path (only inside this mount namespace)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    hidden = []
-    for p in paths:
-        if (
-            os.path.isdir(p) and libc.mount(b"tmpfs", p.encode(), b"tmpfs", 1, b"size=1k") == 0
-        ):  # MS_RDONLY
-            hidden.append(p)
-    return hidden
+# What a kernel may see of /etc: the dynamic loader's cache, names of users and hosts (gloo
+# resolves "localhost"), the time zone. Nothing else of the machine's configuration.
+ETC = (
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "passwd",
+    "group",
+    "hosts",
+    "host.conf",
+    "nsswitch.conf",
+    "gai.conf",
+    "localtime",
+)
+# Of the course, only the code a kernel imports: never its git history, tests, solutions, built
+# notebooks or the instructor's folders (they hold the answers).
+COURSE_CODE = ("helpers", "course")
 
 
-MS_BIND, MS_REC = 4096, 16384
-MNT_DETACH = 2  # umount2: detach now, free when unused
+def course_root() -> str:
+    import course
 
-
-def _blocked_ancestor(path: str) -> str | None:
-    """The first folder above ``path`` that others may not enter (e.g. /root, mode 0700)."""
-    parts = os.path.abspath(path).split(os.sep)
-    for i in range(2, len(parts)):
-        folder = os.sep.join(parts[:i])
-        if not os.stat(folder).st_mode & 0o001:
-            return folder
-    return None
-
-
-def expose(needed: list[str]) -> list[str]:
-    """Make ``needed`` folders reachable by an unprivileged uid, hiding their blocked parents.
-
-    A base interpreter under /root (pyenv) is unreachable for another uid. In this private
-    mount namespace: keep each needed folder aside with a bind mount, cover its blocked
-    ancestor with an empty world-readable tmpfs, recreate the path and bind the folder back.
-    Everything else under that ancestor stays invisible.
-    """
-    libc = ctypes.CDLL(None, use_errno=True)
-    groups: dict[str, list[str]] = {}
-    for p in needed:
-        blocked = _blocked_ancestor(p)
-        if blocked:
-            groups.setdefault(blocked, []).append(os.path.abspath(p))
-    done = []
-    for blocked, paths in groups.items():
-        stashes = []
-        for p in paths:
-            stash = tempfile.mkdtemp(prefix="expose-")
-            if libc.mount(p.encode(), stash.encode(), None, MS_BIND | MS_REC, None) != 0:
-                raise OSError(ctypes.get_errno(), f"bind {p}")
-            stashes.append((p, stash))
-        if libc.mount(b"tmpfs", blocked.encode(), b"tmpfs", 0, b"mode=755") != 0:
-            raise OSError(ctypes.get_errno(), f"tmpfs over {blocked}")
-        for p, stash in stashes:
-            os.makedirs(p, mode=0o755, exist_ok=True)
-            if libc.mount(stash.encode(), p.encode(), None, MS_BIND | MS_REC, None) != 0:
-                raise OSError(ctypes.get_errno(), f"bind back {p}")
-            # The stash was only a handle: drop it, so no expose-* folder outlives the job.
-            libc.umount2(stash.encode(), MNT_DETACH)
-            os.rmdir(stash)
-            done.append(p)
-    return done
+    return os.path.dirname(os.path.dirname(os.path.abspath(course.__file__)))
 
 
 def needed_paths() -> list[str]:
-    """What a kernel must read: the base interpreter, the environment, the course."""
-    import course
+    """What a kernel must read: the base interpreter, the environment, the course's code."""
+    paths = [sys.base_prefix, sys.prefix] + [os.path.join(course_root(), n) for n in COURSE_CODE]
+    return list(dict.fromkeys(os.path.realpath(p) for p in paths))
 
-    return [
-        sys.base_prefix,
-        sys.prefix,
-        os.path.dirname(os.path.dirname(os.path.abspath(course.__file__))),
-    ]
+
+def _ancestors(paths: list[str]) -> set[str]:
+    """Every folder above ``paths`` but / and /usr (bound whole) and the paths themselves."""
+    out = set()
+    for p in paths:
+        parent = os.path.dirname(p)
+        while parent not in ("/", "/usr") and not parent.startswith("/usr/"):
+            out.add(parent)
+            parent = os.path.dirname(parent)
+    return out - set(paths)
+
+
+def bwrap_argv(workdir: str) -> list[str]:
+    """bubblewrap's command line for one job: a file view built from an allowlist.
+
+    Read-only: /usr (and the /bin, /lib... that point into it), the interpreter, the venv, the
+    course's code and a few files of /etc. Writable: the job's work folder only. Private: /tmp,
+    /var/tmp and /dev/shm (empty tmpfs, gone with the job), the PID namespace and its /proc, IPC,
+    the host name. The environment is emptied (the shim sets the job's allowlist); bwrap sets
+    no_new_privs. The network namespace is the runner's (made by `unshare --net`): the kernel
+    must reach the runner on loopback, and nothing else."""
+    argv = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc"]
+    argv += ["--unshare-uts", "--hostname", "sandbox", "--unshare-cgroup-try"]
+    argv += ["--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            argv += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            argv += ["--ro-bind", top, top]
+    # Folders bwrap creates on the way to a bind are 0700 (root's): make them enterable, or the
+    # job's uid cannot reach an interpreter under /root or a venv under /work.
+    for folder in sorted(_ancestors(needed_paths()) | {"/etc", "/var"}):
+        argv += ["--perms", "0755", "--dir", folder]
+    for p in needed_paths():
+        argv += ["--ro-bind", p, p]
+    for name in ETC:
+        if os.path.exists(os.path.join("/etc", name)):
+            argv += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    for private in ("/dev/shm", "/tmp", "/var/tmp"):  # writable by anyone, as on the host
+        argv += ["--perms", "1777", "--tmpfs", private]
+    argv += ["--bind", workdir, workdir, "--chdir", workdir, "--clearenv"]
+    return argv
 
 
 def not_dumpable() -> None:
@@ -189,11 +194,13 @@ def run_test_cell(client, cell, index: int, names: list[str], timeout_output) ->
 
 
 def kernelspec_dir(job: dict) -> str:
-    """A private kernelspec 'graded' whose argv goes through the shim (limits, uid)."""
+    """A private kernelspec 'graded' whose argv goes through bwrap (file view) and the shim
+    (limits, cores, uid)."""
     root = tempfile.mkdtemp(prefix="graded-kernels-")
     spec = Path(root, "kernels", "graded")
     spec.mkdir(parents=True)
-    argv = [
+    argv = bwrap_argv(job["workdir"]) if job.get("bwrap") else []
+    argv += [
         sys.executable,
         "-m",
         "course._kernel_shim",
@@ -201,9 +208,10 @@ def kernelspec_dir(job: dict) -> str:
         "-f",
         "{connection_file}",
     ]
-    (spec / "kernel.json").write_text(
-        json.dumps({"argv": argv, "display_name": "graded", "language": "python"})
-    )
+    # Interrupts go as a message on the control channel (the kernel signals itself): a signal
+    # to bwrap's process group would not reach into its PID namespace, or would kill bwrap.
+    spec_json = {"argv": argv, "display_name": "graded", "language": "python"}
+    (spec / "kernel.json").write_text(json.dumps({**spec_json, "interrupt_mode": "message"}))
     return root
 
 
@@ -241,6 +249,9 @@ def _run(job: dict, emit, nb, probes: dict, timeout_output) -> None:
 
     class Client(NotebookClient):
         published = None  # a list while a probe's values are being read back
+        total_bytes = 0  # output kept, all cells
+        whole_noted = False  # the notebook's cap was reached and said
+        cell_bytes: dict  # output received, per cell index
 
         def output(self, outs, msg, display_id, cell_index):
             data = msg.get("content", {}).get("data") or {}
@@ -249,21 +260,44 @@ def _run(job: dict, emit, nb, probes: dict, timeout_output) -> None:
                 if self.published is not None and isinstance(text, str) and len(text) <= MAX_BYTES:
                     self.published.append(text)
                 return None  # never an output of the notebook
-            size = sum(len(json.dumps(o)) for o in outs)
-            if size > OUTPUT_LIMIT:
-                if not any(o.get("name") == "grader" for o in outs):
-                    outs.append(
-                        nbformat.v4.new_output(
-                            "stream", name="stdout", text="[grader] output truncated\n"
-                        )
-                    )
-                    outs[-1]["name"] = "grader"
-                return None
-            return super().output(outs, msg, display_id, cell_index)
+            # Bounded here, in the runner (the kernel's own limits could be patched away): each
+            # message is counted as it arrives, against the cell's and the submission's caps,
+            # and what would go over is cut (a stream keeps its start) with one note per cell.
+            content = msg.get("content", {})
+            incoming = len(json.dumps(content))
+            used = self.cell_bytes.get(cell_index, 0)
+            room = min(OUTPUT_LIMIT - used, SUBMISSION_OUTPUT_LIMIT - self.total_bytes)
+            if incoming <= room:
+                self.cell_bytes[cell_index] = used + incoming
+                self.total_bytes += incoming
+                return super().output(outs, msg, display_id, cell_index)
+            self.cell_bytes[cell_index] = OUTPUT_LIMIT  # nothing more from this cell
+            if msg.get("msg_type") == "stream" and room > 1000:
+                content["text"] = str(content.get("text", ""))[: room - 1000]
+                self.total_bytes += room
+                super().output(outs, msg, display_id, cell_index)
+            whole = self.total_bytes >= SUBMISSION_OUTPUT_LIMIT - 1000
+            if whole and self.whole_noted or any(o.get("name") == "grader" for o in outs):
+                return None  # said once per cell, and once for the notebook
+            note = f"[grader] output truncated: over {OUTPUT_LIMIT:,} bytes in this cell"
+            if whole:
+                self.whole_noted = True
+                note = (
+                    f"[grader] output dropped, here and in every later cell: over "
+                    f"{SUBMISSION_OUTPUT_LIMIT:,} bytes in all"
+                )
+            outs.append(nbformat.v4.new_output("stream", name="stdout", text=note + "\n"))
+            outs[-1]["name"] = "grader"
+            return None
+
+        def create_kernel_manager(self):
+            # The connection file must be inside the kernel's file view and readable by its
+            # uid: the work folder (jupyter_client's default is a mkstemp in the host's /tmp).
+            km = super().create_kernel_manager()
+            km.connection_file = os.path.join(workdir, "connection.json")
+            return km
 
     workdir = job["workdir"]
-    # The connection file must be readable by the kernel's uid: keep it in the work folder.
-    os.environ["JUPYTER_RUNTIME_DIR"] = workdir
     client = Client(
         nb,
         kernel_name="graded",
@@ -272,6 +306,7 @@ def _run(job: dict, emit, nb, probes: dict, timeout_output) -> None:
         interrupt_on_timeout=True,
         resources={"metadata": {"path": workdir}},
     )
+    client.cell_bytes = {}
     dead = None
     with client.setup_kernel(cwd=workdir):
         for index, cell in enumerate(nb.cells):
@@ -302,14 +337,18 @@ def _run(job: dict, emit, nb, probes: dict, timeout_output) -> None:
 
 
 def probe(uid: int) -> None:
-    """Exit 0 if a kernel could run as ``uid`` here (called inside the namespaces)."""
-    expose(needed_paths())
-    os.setgroups([])
-    os.setgid(uid)
-    os.setuid(uid)
-    import ipykernel  # noqa: F401
+    """Exit 0 if a kernel could run as ``uid`` in the file view (called inside the namespaces)."""
+    import subprocess
 
-    import helpers  # noqa: F401
+    work = tempfile.mkdtemp(prefix="grade-probe-")
+    try:
+        os.chmod(work, 0o755)
+        inside = f"import os; os.setgroups([]); os.setgid({uid}); os.setuid({uid}); "
+        inside += "import ipykernel, helpers"
+        argv = bwrap_argv(work) + [sys.executable, "-c", inside]
+        sys.exit(subprocess.run(argv, stdin=subprocess.DEVNULL, timeout=60).returncode)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def main() -> None:
@@ -326,22 +365,11 @@ def main() -> None:
         out.write(json.dumps(obj) + "\n")
 
     applied = list(job.get("isolation", []))
-    if job.get("expose"):
-        exposed = expose(needed_paths())
-        if exposed:
-            applied.append(
-                f"made readable for the submission's uid (parents hidden): {', '.join(exposed)}"
-            )
     if job.get("netns"):
         applied.append(
             "network: private namespace, loopback only"
             if loopback_up()
             else "network: private namespace, loopback DOWN"
-        )
-    if job.get("hide"):
-        hidden = hide(job["hide"])
-        applied.append(
-            f"hidden from the submission: {', '.join(hidden)}" if hidden else "hiding failed"
         )
     not_dumpable()
     emit({"isolation": applied})

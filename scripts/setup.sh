@@ -25,12 +25,16 @@ fi
 
 .venv/bin/python -m course kernel --quiet
 
-# The browser test drives Debian's Chromium (Playwright's own browser download is not used).
-if ! command -v chromium >/dev/null 2>&1; then
-    echo "setup: installing Debian's chromium for the browser test"
+# Debian packages: chromium for the browser test (Playwright's own browser download is not
+# used), bubblewrap for `course grade` (it builds each submission's file view).
+missing=()
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing Debian's ${missing[*]}"
     SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     export DEBIAN_FRONTEND=noninteractive
-    $SUDO apt-get install -y -qq chromium >/dev/null 2>&1 || {
-        $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium
+    $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1 || {
+        $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "${missing[@]}"
     }
 fi

@@ -34,6 +34,14 @@ def with_cell(student, code, before="test_square", answered=True):
     return nb
 
 
+def flood(student, cells: int, each: int):
+    """The correct answer, then ``cells`` cells printing ``each`` bytes: each under the
+    per-cell cap, all together far over the notebook's."""
+    nb = answer(student)
+    nb.cells += [new_code_cell(f"print('y' * {each})") for _ in range(cells)]
+    return nb
+
+
 def scores(out):
     rows = list(csv.DictReader((out / "gradebook.csv").open()))
     return {r["student"]: r for r in rows}
@@ -122,6 +130,7 @@ def test_hostile_and_broken_submissions(assignment, tmp_path):
             """,
         ),
         "huge_output": with_cell(student, "print('x' * 10_000_000)"),
+        "output_flood": flood(student, cells=200, each=99_000),
         "slow_cell": with_cell(student, "import time; time.sleep(600)", before="test_mean"),
         "memory_hog": with_cell(
             student,
@@ -195,16 +204,21 @@ def test_hostile_and_broken_submissions(assignment, tmp_path):
         nb = nbformat.read(executed[name].executed, as_version=4)
         return "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
 
-    iso = " ".join(
-        results["sys_exit"].isolation
-    )  # what this machine allowed: the checks below depend on it
-    if "hidden from the submission" in iso:
-        assert "BLOCKED" in printed("reads_hidden_tests") and "READ" not in printed(
-            "reads_hidden_tests"
-        )
-        assert results["reads_hidden_tests"].total == 6.0
-    if "private namespace" in iso:
-        assert "NET CLOSED" in printed("network")
+    assert "BLOCKED" in printed("reads_hidden_tests") and "READ" not in printed(
+        "reads_hidden_tests"
+    )
+    assert results["reads_hidden_tests"].total == 6.0
+    assert "NET CLOSED" in printed("network")
+    # Output is capped as it arrives: a cell keeps the start of a 10 MB print, a notebook at
+    # most SUBMISSION_OUTPUT_LIMIT however many cells flood, and both still score.
+    from course.sandbox import OUTPUT_LIMIT, SUBMISSION_OUTPUT_LIMIT
+
+    huge = printed("huge_output")
+    assert huge.startswith("x" * 1000) and len(huge) < OUTPUT_LIMIT
+    assert "[grader] output truncated" in huge
+    flooded = printed("output_flood")
+    assert SUBMISSION_OUTPUT_LIMIT / 2 < len(flooded) < SUBMISSION_OUTPUT_LIMIT
+    assert "[grader] output dropped" in flooded and r["output_flood"][1] == 6.0
     assert not [
         p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "4242"]
     ]

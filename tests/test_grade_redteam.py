@@ -10,6 +10,7 @@ whose checks use torch, numpy and helpers.launch.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import textwrap
@@ -19,10 +20,12 @@ import pytest
 from grading_fixtures import answer, cell_index, release, write
 from nbformat.v4 import new_code_cell, new_markdown_cell
 
+from course import sandbox
 from course.grade import Limits, grade, load_submission
 from course.release import student_version
 
 LIMITS = Limits(cell_timeout=30, budget=90)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the course
 
 
 @pytest.fixture(scope="module")
@@ -72,24 +75,18 @@ def graded(tmp_path_factory):
     script.cells.append(new_markdown_cell("<img src=x onerror=alert(1)><script>alert(2)</script>"))
     subs["script_in_feedback"] = script
 
-    # Answers looked up in the course itself: its git history, its tests, its solutions.
-    peek = answer(student)
-    peek.cells.append(
-        new_code_cell(
-            "import os, subprocess, helpers\n"
-            "root = os.path.dirname(os.path.dirname(helpers.__file__))\n"
-            "for name in ('.git', 'tests', 'solutions', 'build'):\n"
-            "    p = os.path.join(root, name)\n"
-            "    print('PEEK', name, sorted(os.listdir(p)) if os.path.isdir(p) else 'absent')\n"
-            "try:\n"
-            "    r = subprocess.run(['git', '-c', 'safe.directory=*', '-C', root, 'log', '-1'],\n"
-            "                       capture_output=True, text=True).stdout\n"
-            "except OSError as e:\n"
-            "    r = ''\n"
-            "print('PEEK git', repr(r[:40]))"
-        )
+    # Answers looked up in the course itself (its git history, tests, solutions, built notebooks),
+    # in the instructor's folders, the grader's environment and processes; files planted in
+    # /tmp, /var/tmp and /dev/shm for the next job, and the other job's plants looked for.
+    looked_for = dict(
+        course=ROOT, lab=str(src.parent), subs=str(root / "subs"), out=str(root / "out")
     )
-    subs["reads_the_course"] = peek
+    for who in ("a", "b"):
+        look = answer(student)
+        look.cells.append(
+            new_code_cell(LOOK_AROUND.replace("WHO", who).replace("LOOKED_FOR", repr(looked_for)))
+        )
+        subs[f"looks_around_{who}"] = look
 
     # A wrong answer that fails only the hidden tests (square(-4) must be 16).
     subs["fails_hidden"] = answer(student, square="return abs(x) * x")
@@ -110,13 +107,99 @@ def test_nothing_is_left_behind_in_tmp(graded):
     assert not leftovers
 
 
-def test_the_courses_history_tests_and_solutions_are_empty_to_a_submission(graded):
+LOOK_AROUND = """
+import json, os, subprocess
+looked = LOOKED_FOR
+seen = {"root": sorted(os.listdir("/")), "etc": sorted(os.listdir("/etc"))}
+seen["course"] = sorted(os.listdir(looked["course"]))
+for name in (".git", "tests", "solutions", "build", "labs", "lectures"):
+    seen["course/" + name] = os.path.exists(os.path.join(looked["course"], name))
+for name in ("lab", "subs", "out"):
+    seen[name] = os.path.exists(looked[name])
+seen["home"] = os.path.exists("/home") and sorted(os.listdir("/home"))
+seen["git"] = subprocess.run(["git", "-C", looked["course"], "log", "-1"], capture_output=True,
+                             text=True).returncode if os.path.exists("/usr/bin/git") else "no git"
+seen["env"] = sorted(os.environ)
+pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+seen["pids"] = len(pids)
+seen["cmdlines"] = [open(f"/proc/{p}/cmdline", "rb").read().decode(errors="replace")
+                    for p in pids if os.path.exists(f"/proc/{p}/cmdline")]
+seen["cores"] = sorted(os.sched_getaffinity(0))
+seen["uid"] = os.getuid()
+seen["no_new_privs"] = [l.split()[1] for l in open("/proc/self/status") if l.startswith("NoNewPrivs")]
+plants = {}
+for folder in ("/tmp", "/var/tmp", "/dev/shm"):
+    plants[folder] = sorted(n for n in os.listdir(folder) if n.startswith("planted-"))
+    with open(os.path.join(folder, "planted-WHO"), "w") as f:
+        f.write("for the next job")
+seen["plants"] = plants
+print("SEEN " + json.dumps(seen))
+"""
+
+
+def seen(results, name) -> dict:
+    """What the looking-around cell printed, read from the executed notebook."""
+    nb = nbformat.read(results[name].executed, as_version=4)
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            for line in out.get("text", "").splitlines():
+                if line.startswith("SEEN "):
+                    return json.loads(line[5:])
+    raise AssertionError(f"{name}: the looking-around cell printed nothing")
+
+
+ENV_ALLOWED = {"PATH", "LANG", "HOME", "TMPDIR", "USER", "LOGNAME", "MPLBACKEND", "PWD"}
+ENV_ALLOWED |= {"HELPERS_LAUNCH_TIMEOUT", "COURSE_GRADE_JOB"}
+# set by the kernel itself (ipykernel's shell, Python's locale coercion), not inherited
+ENV_ALLOWED |= {
+    "TERM",
+    "CLICOLOR",
+    "CLICOLOR_FORCE",
+    "FORCE_COLOR",
+    "PAGER",
+    "GIT_PAGER",
+    "LC_CTYPE",
+}
+ENV_ALLOWED |= {"PYDEVD_USE_FRAME_EVAL"}  # ipykernel's debugger
+
+
+@pytest.mark.parametrize("who", ["a", "b"])
+def test_a_submission_sees_only_its_file_view_environment_and_processes(graded, who):
     results, out, _ = graded
-    assert results["reads_the_course"].status == "graded"
-    page = feedback(out, "reads_the_course")
-    for name in (".git", "tests", "solutions"):
-        assert f"PEEK {name} []" in page
-    assert "PEEK git &#x27;&#x27;" in page or "PEEK git ''" in page
+    name = f"looks_around_{who}"
+    assert results[name].status == "graded" and results[name].total == 6.0
+    s = seen(results, name)
+    # Files: of the course only its code; nothing of the instructor's or the grader's folders.
+    assert set(s["course"]) <= {"helpers", "course", ".venv"}, s["course"]
+    for name_ in (".git", "tests", "solutions", "build", "labs", "lectures"):
+        assert s["course/" + name_] is False, name_
+    assert s["lab"] is s["subs"] is s["out"] is False
+    assert not s["home"] and s["git"] != 0
+    assert set(s["etc"]) <= set(sandbox.ETC), s["etc"]
+    assert "shadow" not in s["etc"] and "ssh" not in s["etc"]
+    # Environment: the allowlist, nothing of the grader's (pytest's, the runner's).
+    assert set(s["env"]) <= ENV_ALLOWED, set(s["env"]) - ENV_ALLOWED
+    # Processes: its own PID namespace; no grader, pytest or other job in sight.
+    assert s["pids"] < 20, s["pids"]
+    assert not any("pytest" in c or "course.sandbox" in c for c in s["cmdlines"]), s["cmdlines"]
+    assert s["uid"] >= 40000 and s["no_new_privs"] == ["1"]
+    # Its slot's share of the cores (two slots: one core each on two cores).
+    assert s["cores"] == sandbox_cores(s["cores"]), s["cores"]
+    # Private /tmp, /var/tmp, /dev/shm: no job sees what another planted.
+    assert s["plants"] == {"/tmp": [], "/var/tmp": [], "/dev/shm": []}, s["plants"]
+
+
+def sandbox_cores(cores):
+    from course.grade import slot_cores
+
+    shares = [slot_cores(k, 2) for k in range(2)]
+    assert cores in shares, (cores, shares)
+    return cores
+
+
+def test_the_plants_of_a_job_are_nowhere_on_the_host_after_it(graded):
+    for folder in ("/tmp", "/var/tmp", "/dev/shm"):
+        assert not [n for n in os.listdir(folder) if n.startswith("planted-")], folder
 
 
 def feedback(out, name):
