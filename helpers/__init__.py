@@ -5,7 +5,9 @@
 - measuring: ``StepTimer`` (timing), ``CommRecorder`` (comm), ``trace`` (tracing), repeats and
   spread (``scaling``, ``timing.spread``),
   ``benchmark_collectives`` and ``benchmark_spread`` (bench), ``bandwidth``, ``costmodel``,
-  ``memory_limit`` and ``memory.track`` (memory), ``sharding`` (ZeRO / FSDP), ``plots``; ``probe.support_table()``: which backend runs which
+  ``memory_limit`` and ``memory.track`` (memory), ``sharding`` (ZeRO / FSDP),
+  ``pipeline`` (schedules, a send/recv engine, the bubble), ``tensor_parallel`` (Megatron's
+  MLP), ``plots``; ``probe.support_table()``: which backend runs which
   op, asked live.
 - ``rank()``, ``world_size()``, ``local_rank()``, ``is_main()``, ``print0()``, ``device()``:
   the same answers under launch, under torchrun, and in a plain process.
@@ -19,11 +21,13 @@ from helpers import (
     dataparallel,
     memory,
     models,
+    pipeline,
     plots,
     probe,
     ring,
     scaling,
     sharding,
+    tensor_parallel,
     timing,
     world,
 )
@@ -47,9 +51,11 @@ __all__ = [
     "data",
     "dataparallel",
     "models",
+    "pipeline",
     "ring",
     "scaling",
     "sharding",
+    "tensor_parallel",
     "memcpy_bandwidth",
     "memory",
     "memory_limit",

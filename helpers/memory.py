@@ -111,6 +111,7 @@ class memory_limit:  # noqa: N801 - a context manager used like a function
         )
         self.live: dict = {}  # storage key -> weakref to a saved activation's storage
         self.peak: dict = {"total": 0}
+        self.peak_activations = 0  # the most saved-activation bytes alive at once (CPU)
         self._fit: dict | None = None  # the tracked tensors at the last check that fit
         self._hooks = None
 
@@ -167,6 +168,9 @@ class memory_limit:  # noqa: N801 - a context manager used like a function
         now = breakdown(self.model, self.optimizer, self.activations)
         if now["total"] > self.peak["total"]:
             self.peak = now
+        # Apart from the total's peak: under 1F1B the most activations and the most gradients
+        # are alive at different moments.
+        self.peak_activations = max(self.peak_activations, now["activations"])
         if now["total"] <= self.limit:
             self._fit = now
             return now

@@ -1,0 +1,306 @@
+"""Lab 04 end to end: graded like a student's — perfect, unfinished, and plausibly wrong.
+
+The wrong answers are the ones a student would write: a 1F1B warm-up one too long, or counted
+from the wrong end, or left out, GPipe's backwards in reverse, a micro-batch forgotten; an
+engine whose loss is not divided by m, whose received activations never ask for a gradient,
+that feeds micro-batch 0 every time, that sends gradients the wrong way or not at all, or
+sends with a blocking `send`; the bubble as (p−1)/m or p/(m+p−1); a measured bubble over each
+rank's own span, over the number of events, without the ranks, from time 0; a tensor-parallel
+MLP without the forward all-reduce, with the bias added on every rank, without the backward
+all-reduce, all-reducing both ways, or averaging instead of summing. Each wrong submission is
+wrong in every question at once; the ungraded timing, memory and comparison cells are left out.
+"""
+
+from __future__ import annotations
+
+import lab_grading
+import nbformat
+import pytest
+
+from course import cells
+from course.syllabus import REPO
+
+LAB = REPO / "solutions" / "lab04_pipeline_tensor.ipynb"
+STUDENT = REPO / "labs" / "lab04_pipeline_tensor.ipynb"
+AUTO = {
+    "test_schedules": 3,
+    "test_pipeline_step": 4,
+    "test_bubble_fraction": 1,
+    "test_measured_bubble": 2,
+    "test_tensor_parallel": 4,
+}
+MANUAL = {"answer_bubble", "answer_memory", "answer_comparison"}
+
+GPIPE = """def gpipe_order(p, m, stage):
+    return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+"""
+
+
+def one_f_one_b(warm: str = "min(p - stage - 1, m)", gpipe: str = GPIPE) -> str:
+    return (
+        gpipe
+        + f"""
+def one_f_one_b_order(p, m, stage):
+    warm = {warm}
+    ops = [("F", i) for i in range(warm)]
+    f, b = warm, 0
+    while f < m:
+        ops += [("F", f), ("B", b)]
+        f, b = f + 1, b + 1
+    return ops + [("B", i) for i in range(b, m)]
+"""
+    )
+
+
+ENGINE_RIGHT = {
+    "input": """x = torch.empty(shape)
+                dist.recv(x, src=rank - 1)
+                x.requires_grad_()""",
+    "micro": "x = inputs[i]",
+    "loss": "out = loss_fn(out, targets[i]) / m",
+    "send_grad": "pending.append(dist.isend(x.grad, dst=rank - 1))",
+    "send_out": "sending = None if last else dist.isend(out.detach(), dst=rank + 1)",
+}
+
+
+def engine(**wrong) -> str:
+    """pipeline_step, right except the parts given."""
+    body = {**ENGINE_RIGHT, **wrong}
+    return f"""
+def pipeline_step(stage, order, inputs, targets, loss_fn, shape):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    first, last = rank == 0, rank == p - 1
+    m = sum(1 for kind, _ in order if kind == "F")
+    kept, pending, events, loss = {{}}, [], [], 0.0
+    for kind, i in order:
+        if kind == "F":
+            if first:
+                {body["micro"]}
+            else:
+                {body["input"]}
+            start = time.perf_counter()
+            out = stage(x)
+            if last:
+                {body["loss"]}
+                loss += out.item()
+            events.append({{"rank": rank, "op": "F", "micro": i, "start": start, "end": time.perf_counter()}})
+            {body["send_out"]}
+            kept[i] = (x, out, sending)
+        else:
+            x, out, sending = kept.pop(i)
+            if sending is not None:
+                sending.wait()
+            grad = None
+            if not last:
+                grad = torch.empty_like(out)
+                dist.recv(grad, src=rank + 1)
+            start = time.perf_counter()
+            out.backward(grad)
+            events.append({{"rank": rank, "op": "B", "micro": i, "start": start, "end": time.perf_counter()}})
+            if not first:
+                {body["send_grad"]}
+    for work in pending:
+        work.wait()
+    return (loss if last else None), events
+"""
+
+
+def fraction(expr: str) -> str:
+    return f"def bubble_fraction(p, m):\n    return {expr}\n"
+
+
+def measured(body: str) -> str:
+    return f"def measured_bubble(events):\n    {body}\n"
+
+
+TP_RIGHT = {
+    "copy_back": """grad = grad.contiguous()
+        dist.all_reduce(grad)
+        return grad""",
+    "reduce_fwd": """x = x.contiguous()
+        dist.all_reduce(x)
+        return x""",
+    "reduce_back": "return grad",
+    "mlp": """hidden = torch.relu(nn.functional.linear(CopyToParallel.apply(x), w1_rows, b1_part))
+    return ReduceFromParallel.apply(nn.functional.linear(hidden, w2_cols)) + b2""",
+}
+
+
+def tensor_parallel(**wrong) -> str:
+    body = {**TP_RIGHT, **wrong}
+    return f"""
+class CopyToParallel(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        {body["copy_back"]}
+
+class ReduceFromParallel(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        {body["reduce_fwd"]}
+
+    @staticmethod
+    def backward(ctx, grad):
+        {body["reduce_back"]}
+
+def tp_mlp(x, w1_rows, b1_part, w2_cols, b2):
+    {body["mlp"]}
+"""
+
+
+WRONG = {
+    "schedules": (
+        "test_schedules",
+        [
+            one_f_one_b("min(p - stage, m)"),  # a warm-up one too long: one more micro-batch held
+            one_f_one_b("min(stage, m)"),  # counted from the wrong end
+            one_f_one_b("0"),  # no warm-up: every stage waits for each backward
+            one_f_one_b(
+                gpipe="""def gpipe_order(p, m, stage):
+    return [("F", i) for i in range(m)] + [("B", i) for i in reversed(range(m))]
+"""
+            ),  # GPipe's backwards last-in first-out
+            one_f_one_b(
+                gpipe="""def gpipe_order(p, m, stage):
+    return [("F", i) for i in range(m - 1)] + [("B", i) for i in range(m - 1)]
+"""
+            ),  # a micro-batch forgotten
+        ],
+    ),
+    "pipeline_step": (
+        "test_pipeline_step",
+        [
+            engine(loss="out = loss_fn(out, targets[i])"),  # not divided by m
+            engine(
+                input="""x = torch.empty(shape)
+                dist.recv(x, src=rank - 1)"""
+            ),  # the received activation never asks for a gradient
+            engine(micro="x = inputs[0]"),  # micro-batch 0 every time
+            engine(send_grad="pass"),  # the gradient never sent back: stage 0 waits (timeout)
+            engine(
+                send_out="sending = None if last else dist.send(out.detach(), dst=rank + 1)",
+                send_grad="dist.send(x.grad, dst=rank + 1)",
+            ),  # blocking sends, and the gradients sent forward, to the wrong neighbour
+        ],
+    ),
+    "bubble_fraction": (
+        "test_bubble_fraction",
+        ["(p - 1) / m", "p / (m + p - 1)", "(p - 1) / (m + p)", "1 / m"],
+    ),
+    "measured_bubble": (
+        "test_measured_bubble",
+        [
+            measured(
+                """ranks = {e["rank"] for e in events}
+    own = sum(max(e["end"] for e in events if e["rank"] == r) - min(e["start"] for e in events if e["rank"] == r) for r in ranks)
+    return 1 - sum(e["end"] - e["start"] for e in events) / own"""
+            ),  # each rank over its own span
+            measured(
+                """span = max(e["end"] for e in events) - min(e["start"] for e in events)
+    return 1 - sum(e["end"] - e["start"] for e in events) / (len(events) * span)"""
+            ),  # events counted instead of ranks
+            measured(
+                """span = max(e["end"] for e in events) - min(e["start"] for e in events)
+    return 1 - sum(e["end"] - e["start"] for e in events) / span"""
+            ),  # the ranks forgotten
+            measured(
+                """ranks = {e["rank"] for e in events}
+    return 1 - sum(e["end"] - e["start"] for e in events) / (len(ranks) * max(e["end"] for e in events))"""
+            ),  # the span from time 0
+        ],
+    ),
+    "tensor_parallel": (
+        "test_tensor_parallel",
+        [
+            tensor_parallel(reduce_fwd="return x"),  # the row-parallel output never summed
+            tensor_parallel(
+                mlp="""hidden = torch.relu(nn.functional.linear(CopyToParallel.apply(x), w1_rows, b1_part))
+    return ReduceFromParallel.apply(nn.functional.linear(hidden, w2_cols, b2))"""
+            ),  # the bias added on every rank, before the sum
+            tensor_parallel(copy_back="return grad"),  # the input's gradient never summed
+            tensor_parallel(
+                reduce_back="""grad = grad.contiguous()
+        dist.all_reduce(grad)
+        return grad"""
+            ),  # all-reduced both ways
+            tensor_parallel(
+                reduce_fwd="""x = x.contiguous()
+        dist.all_reduce(x, op=dist.ReduceOp.AVG)
+        return x"""
+            ),  # averaged, not summed
+        ],
+    ),
+}
+# the timing, memory and comparison cells grade nothing: a class is graded without them
+UNGRADED = (
+    "fig, axes = plt.subplots(1, 2",
+    "def timed_steps(",
+    "m_show = ",
+    "def activation_peak(",
+    "def compare(",
+)
+
+
+def test_every_question_has_wrong_answers_that_differ_from_the_solution():
+    solution = {cells.grade_id(c): c.source for c in nbformat.read(LAB, as_version=4).cells}
+    assert {test for test, _ in WRONG.values()} == set(AUTO)
+    for gid, (_, variants) in WRONG.items():
+        assert gid in solution
+        for v in variants:
+            assert v.strip() != solution[gid].strip()
+
+
+def test_the_right_parts_of_the_wrong_answer_templates_are_the_solution():
+    """Each template, given nothing wrong, computes what the solution computes: a wrong answer
+    differs from the solution only in what it names."""
+    from helpers import pipeline as pp
+
+    ns: dict = {}
+    exec(one_f_one_b(), ns)  # noqa: S102 - our own test source
+    for p, m in ((2, 3), (4, 8), (4, 2), (1, 1)):
+        for s in range(p):
+            assert ns["one_f_one_b_order"](p, m, s) == pp.one_f_one_b(p, m, s)
+            assert ns["gpipe_order"](p, m, s) == pp.gpipe(p, m, s)
+    src = {cells.grade_id(c): c.source for c in nbformat.read(LAB, as_version=4).cells}
+
+    def strip(text):  # code lines only: no comments, docstrings or markers
+        lines = (line.split("  #")[0].strip() for line in text.splitlines())
+        return [line for line in lines if line and not line.startswith(("#", '"""'))]
+
+    assert strip(engine()) == strip(src["pipeline_step"])
+    assert strip(tensor_parallel()) == [line for line in strip(src["tensor_parallel"])]
+
+
+def test_the_unfinished_student_version_says_what_to_do():
+    student = nbformat.read(STUDENT, as_version=4)
+    stubs = [c.source for c in student.cells if "NotImplementedError" in c.source]
+    assert len(stubs) == 5  # schedules, the engine, two bubbles, the tensor-parallel MLP
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lab04")
+    (tmp / "lab").mkdir(), (tmp / "student").mkdir()
+    return lab_grading.grade_class(
+        lab_grading.trimmed(LAB, tmp / "lab", UNGRADED),
+        lab_grading.trimmed(STUDENT, tmp / "student", UNGRADED),
+        WRONG,
+        tmp,
+        mixed=False,
+        entry=LAB,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # grading the class (the fixture) runs inside the first test
+def test_the_solution_scores_every_automatic_point_and_the_unfinished_lab_none(graded):
+    lab_grading.assert_perfect_scores_all_and_untouched_none(graded, AUTO, MANUAL)
+    assert sum(AUTO.values()) == 14
+
+
+def test_each_plausible_wrong_answer_loses_its_points(graded):
+    lab_grading.assert_wrong_answers_lose_their_points(graded, WRONG, AUTO, mixed=False)
