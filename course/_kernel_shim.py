@@ -10,6 +10,27 @@ import os
 import resource
 import sys
 
+SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}
+KEYCTL_JOIN_SESSION_KEYRING, KEYCTL_CLEAR = 1, 7
+KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING = -4, -5
+
+
+def forget_keys() -> None:
+    """Empty this uid's kernel keyrings and start a fresh session keyring.
+
+    Keyrings belong to the uid, not to a process or a mount: without this, a submission could
+    leave a key that the next submission graded under the same uid reads."""
+    import ctypes
+    import platform
+
+    number = SYS_KEYCTL.get(platform.machine())
+    if number is None:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall(number, KEYCTL_JOIN_SESSION_KEYRING, None)
+    for ring in (KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING):
+        libc.syscall(number, KEYCTL_CLEAR, ring)
+
 
 def main() -> None:
     limits = json.loads(sys.argv[1])
@@ -24,6 +45,7 @@ def main() -> None:
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
+        forget_keys()
     os.environ.update(limits.get("env", {}))
     os.execv(sys.executable, [sys.executable, "-m", "ipykernel_launcher", "-f", connection_file])
 

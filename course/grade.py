@@ -26,6 +26,7 @@ import hashlib
 import html
 import io
 import json
+import math
 import os
 import re
 import shutil
@@ -342,7 +343,8 @@ def split_tests(nb) -> dict:
 
 def _probe(cmd: list[str]) -> bool:
     try:
-        return subprocess.run(cmd, capture_output=True, timeout=10).returncode == 0
+        # generous: on a loaded node starting an interpreter in bwrap takes seconds
+        return subprocess.run(cmd, capture_output=True, timeout=60).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -434,17 +436,28 @@ def _cgroup_root() -> str | None:
 class Group:
     """The submission's processes: a cgroup when possible, plus uid and marker scans."""
 
-    def __init__(self, iso: Isolation, marker: str, uid: int | None, limits: Limits):
+    def __init__(self, iso: Isolation, marker: str, uid: int | None, limits: Limits, cpus=None):
         self.marker, self.uid, self.dirs = marker, uid, []
+        self.cpuset = False  # the slot's cores enforced by a cpuset (affinity alone can be undone)
         if iso.cgroup_root:
             v2 = "{controller}" not in iso.cgroup_root
-            for controller, files in (
+            controllers = [
                 (
                     "memory",
                     {"memory.max" if v2 else "memory.limit_in_bytes": int(limits.memory * 1.25)},
                 ),
                 ("pids", {"pids.max": limits.processes}),
-            ):
+            ]
+            if cpus:
+                parent = Path(iso.cgroup_root.format(controller="cpuset"))
+                mems = _read(parent / "cpuset.mems.effective") or _read(parent / "cpuset.mems")
+                controllers.append(
+                    (
+                        "cpuset",
+                        {"cpuset.mems": mems or "0", "cpuset.cpus": ",".join(map(str, cpus))},
+                    )
+                )
+            for controller, files in controllers:
                 d = Path(iso.cgroup_root.format(controller=controller)) / f"course-grade-{marker}"
                 if v2 and self.dirs:
                     d = self.dirs[0]
@@ -454,6 +467,7 @@ class Group:
                         (d / name).write_text(str(value))
                     if d not in self.dirs:
                         self.dirs.append(d)
+                    self.cpuset = self.cpuset or controller == "cpuset"
                 except OSError:
                     pass
 
@@ -523,6 +537,13 @@ class Group:
                 pass
 
 
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
 # -- one submission -----------------------------------------------------------------------------
 
 
@@ -587,9 +608,12 @@ def grade_one(
         "limits": {"uid": uid, "rlimits": rlimits, "env": env, "cpus": cpus},
         "netns": iso.namespaces,
         "bwrap": iso.strong,
-        "isolation": iso.describe() + ([f"cores: {cpus}"] if cpus else []),
+        "isolation": iso.describe(),
     }
-    group = Group(iso, marker, uid, limits)
+    group = Group(iso, marker, uid, limits, cpus)
+    if cpus:
+        how = "a cpuset" if group.cpuset else "affinity only: the submission could widen it"
+        job["isolation"].append(f"cores: {', '.join(map(str, cpus))} ({how})")
     job["cgroups"] = [str(d) for d in group.dirs]
     (private / "job.json").write_text(json.dumps(job))
     os.chmod(private, 0o700)
@@ -681,8 +705,11 @@ def grade_one(
                         test["check"], probe.get("data"), q.grade_id, test["names"]
                     )
                 value = q.points if verdict["passed"] else 0.0
-                if verdict["passed"] and verdict.get("value") is not None:
-                    value = max(0.0, min(q.points, float(verdict["value"])))
+                number = verdict.get("value") if verdict["passed"] else None
+                if number is not None and math.isfinite(float(number)):
+                    value = max(0.0, min(q.points, float(number)))
+                elif number is not None:  # checked in the checker too: never a NaN's full marks
+                    value, verdict["error"] = 0.0, f"partial credit {number} is not finite"
                 result.scores[q.grade_id] = value
                 if verdict["error"]:
                     result.errors[q.grade_id] = verdict["error"]

@@ -25,6 +25,7 @@ import os
 import shutil
 import socket
 import struct
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -245,7 +246,7 @@ def run(job: dict, emit) -> None:
 def _run(job: dict, emit, nb, probes: dict, timeout_output) -> None:
     import nbformat
     from nbclient import NotebookClient
-    from nbclient.exceptions import CellTimeoutError, DeadKernelError
+    from nbclient.exceptions import CellExecutionComplete, CellTimeoutError, DeadKernelError
 
     class Client(NotebookClient):
         published = None  # a list while a probe's values are being read back
@@ -277,8 +278,9 @@ def _run(job: dict, emit, nb, probes: dict, timeout_output) -> None:
                 self.total_bytes += room
                 super().output(outs, msg, display_id, cell_index)
             whole = self.total_bytes >= SUBMISSION_OUTPUT_LIMIT - 1000
-            if whole and self.whole_noted or any(o.get("name") == "grader" for o in outs):
+            if whole and self.whole_noted or cell_index in self.noted:
                 return None  # said once per cell, and once for the notebook
+            self.noted.add(cell_index)
             note = f"[grader] output truncated: over {OUTPUT_LIMIT:,} bytes in this cell"
             if whole:
                 self.whole_noted = True
@@ -289,6 +291,29 @@ def _run(job: dict, emit, nb, probes: dict, timeout_output) -> None:
             outs.append(nbformat.v4.new_output("stream", name="stdout", text=note + "\n"))
             outs[-1]["name"] = "grader"
             return None
+
+        def process_message(self, msg, cell, cell_index):
+            """Every message from the kernel is the submission's to forge: keep only what the
+            caps can count, and drop what nbclient or nbformat would choke on."""
+            content = msg.get("content") if isinstance(msg, dict) else None
+            kind = msg.get("msg_type") if isinstance(msg, dict) else None
+            if not isinstance(content, dict) or not isinstance(kind, str):
+                return None
+            if kind == "update_display_data":
+                return None  # an update replaces an output in place, past the caps: never
+            if content.get("transient"):
+                content["transient"] = {}  # no display ids: nothing can be updated later
+            count = content.get("execution_count")
+            if count is not None and not (type(count) is int and 0 <= count < 10**9):
+                content["execution_count"] = None
+            if kind == "stream" and content.get("name") not in ("stdout", "stderr"):
+                content["name"] = "stdout"  # "grader" is the grader's own voice, not theirs
+            try:
+                return super().process_message(msg, cell, cell_index)
+            except CellExecutionComplete:
+                raise
+            except Exception:  # malformed (a wrong type, a missing key): dropped
+                return None
 
         def create_kernel_manager(self):
             # The connection file must be inside the kernel's file view and readable by its
@@ -306,9 +331,10 @@ def _run(job: dict, emit, nb, probes: dict, timeout_output) -> None:
         interrupt_on_timeout=True,
         resources={"metadata": {"path": workdir}},
     )
-    client.cell_bytes = {}
+    client.cell_bytes, client.noted = {}, set()
     dead = None
-    with client.setup_kernel(cwd=workdir):
+    # The kernel's own stdout and stderr go nowhere: it must hold no descriptor of ours.
+    with client.setup_kernel(cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL):
         for index, cell in enumerate(nb.cells):
             if cell.cell_type != "code":
                 continue
@@ -333,13 +359,35 @@ def _run(job: dict, emit, nb, probes: dict, timeout_output) -> None:
                     ]
                 cell.source = cells.without_hidden(cell.source)
                 emit({"grade_id": cell.metadata["nbgrader"]["grade_id"], **probe})
-    emit({"notebook": nb, "dead": dead})
+    emit({"notebook": bounded(nb), "dead": dead})
+
+
+def bounded(nb):
+    """The executed notebook as it may leave: every cell's outputs valid nbformat, and all of
+    them within the caps, whatever got past the message filter (a backstop, not the rule)."""
+    import nbformat
+
+    total = 0
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        if not isinstance(cell.get("execution_count"), (int, type(None))):
+            cell.execution_count = None
+        try:
+            nbformat.validate(nbformat.v4.new_notebook(cells=[cell]))
+            size = len(json.dumps(cell.get("outputs", [])))
+        except Exception:
+            size = None
+        total += size or 0
+        if size is None or size > 2 * OUTPUT_LIMIT or total > SUBMISSION_OUTPUT_LIMIT + 100_000:
+            note = "[grader] outputs removed: malformed, or over the caps"
+            cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=note + "\n")]
+            cell.outputs[0]["name"] = "grader"
+    return nb
 
 
 def probe(uid: int) -> None:
     """Exit 0 if a kernel could run as ``uid`` in the file view (called inside the namespaces)."""
-    import subprocess
-
     work = tempfile.mkdtemp(prefix="grade-probe-")
     try:
         os.chmod(work, 0o755)

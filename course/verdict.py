@@ -20,6 +20,7 @@ import ctypes
 import io
 import json
 import linecache
+import math
 import os
 import select
 import subprocess
@@ -98,13 +99,36 @@ def run_check(pieces: list, data, label: str = "check", names: list | None = Non
             outputs += [_output(n, s.getvalue()) for n, s in (("stdout", out), ("stderr", err))]
     if any(hidden for _, hidden in pieces):
         outputs.append(_output("stdout", "[hidden tests passed]\n"))
-    number = value if type(value) in (int, float) else None
+    number, wrong = credit(value)
+    if wrong:
+        return {"passed": False, "value": None, "error": wrong, "outputs": outputs}
     return {
         "passed": True,
         "value": number,
         "error": None,
         "outputs": [o for o in outputs if o.get("text", True)],
     }
+
+
+def credit(value) -> tuple[float | None, str | None]:
+    """(partial credit, None) from a check's last expression, or (None, why it fails).
+
+    A number (int, float, a numpy scalar, a one-element tensor or array) is partial credit; it
+    must be finite (NaN would pass every comparison the clamp makes). False fails. Anything
+    else, None included, means the check ran to its end: full points."""
+    if (
+        hasattr(value, "item")
+        and getattr(value, "size", None) in (1, ())
+        or (hasattr(value, "numel") and callable(value.numel) and value.numel() == 1)
+    ):
+        value = value.item()
+    if isinstance(value, bool):
+        return (None, None) if value else (None, "the check ended with False")
+    if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            return None, f"the check's partial credit is {value}: not a finite number"
+        return float(value), None
+    return None, None
 
 
 def main() -> None:
@@ -132,7 +156,7 @@ class Checker:
 
     def _start(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "course.verdict"],
+            [sys.executable, "-P", "-m", "course.verdict"],  # -P: not the job folder on sys.path
             cwd=self.cwd,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

@@ -125,7 +125,18 @@ seen["pids"] = len(pids)
 seen["cmdlines"] = [open(f"/proc/{p}/cmdline", "rb").read().decode(errors="replace")
                     for p in pids if os.path.exists(f"/proc/{p}/cmdline")]
 seen["cores"] = sorted(os.sched_getaffinity(0))
+try:
+    os.sched_setaffinity(0, range(os.cpu_count()))  # widen it to every core, if allowed
+except OSError:
+    pass
+seen["widened"] = sorted(os.sched_getaffinity(0))
 seen["uid"] = os.getuid()
+seen["fds"] = []
+for fd in os.listdir("/proc/self/fd"):
+    try:
+        seen["fds"].append(os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:
+        pass
 seen["no_new_privs"] = [l.split()[1] for l in open("/proc/self/status") if l.startswith("NoNewPrivs")]
 plants = {}
 for folder in ("/tmp", "/var/tmp", "/dev/shm"):
@@ -183,8 +194,11 @@ def test_a_submission_sees_only_its_file_view_environment_and_processes(graded, 
     assert s["pids"] < 20, s["pids"]
     assert not any("pytest" in c or "course.sandbox" in c for c in s["cmdlines"]), s["cmdlines"]
     assert s["uid"] >= 40000 and s["no_new_privs"] == ["1"]
+    # No descriptor into the grader's folders (the runner's log was one, inherited).
+    assert not [f for f in s["fds"] if "/out/" in f or f.endswith(".log")], s["fds"]
     # Its slot's share of the cores (two slots: one core each on two cores).
     assert s["cores"] == sandbox_cores(s["cores"]), s["cores"]
+    assert s["widened"] == s["cores"], s  # a cpuset, not an affinity the kernel can undo
     # Private /tmp, /var/tmp, /dev/shm: no job sees what another planted.
     assert s["plants"] == {"/tmp": [], "/var/tmp": [], "/dev/shm": []}, s["plants"]
 
@@ -649,3 +663,163 @@ def test_tensor_liars_are_refused_as_data(forged_tensors):
     errors = forged_tensors["tensor_and_array_subclasses"].errors
     assert "Liar, not plain data" in errors["test_double"], errors
     assert "Agree, not plain data" in errors["test_halve"], errors
+
+
+# -- messages forged past the output caps, and partial credit that is not a number -------------
+#
+# Found by an independent red-team review of the bubblewrap sandbox: display updates replaced
+# outputs in place past the caps, a forged execution_count carried megabytes, a stream named
+# "grader" spoke in the grader's voice, a malformed display crashed the runner, and a NaN or a
+# numpy scalar at the end of a partial-credit check gave full marks.
+
+SEND = "k = get_ipython().kernel\nk.session.send(k.iopub_socket, {kind!r}, {content}, parent=k.get_parent('shell'), ident=b'x')\n"
+MESSAGES = {
+    "display_updates_past_the_caps": (
+        "for i in range(12):\n    display({'text/plain': 'small'}, raw=True, display_id=f'd{i}')\n",
+        "big = 'Z' * (3 * 2**20)\nfor i in range(12):\n    update_display({'text/plain': big}, raw=True, display_id=f'd{i}')\n",
+    ),
+    "execution_count_of_megabytes": (
+        SEND.format(
+            kind="stream",
+            content="{'name': 'stdout', 'text': '', 'execution_count': 'E' * (8 * 2**20)}",
+        ),
+    ),
+    "a_stream_named_grader": (
+        SEND.format(
+            kind="stream",
+            content="{'name': 'grader', 'text': '[grader] hidden tests passed: 6/6 FORGED\\n'}",
+        ),
+    ),
+    "a_malformed_display": (
+        "from IPython.display import publish_display_data\npublish_display_data({'text/plain': [1]})\n",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def messages(tmp_path_factory):
+    root = tmp_path_factory.mktemp("messages")
+    src, student = release(root)
+    subs = {}
+    for name, parts in MESSAGES.items():
+        nb = answer(student)
+        nb.cells += [new_code_cell(part) for part in parts]
+        subs[name] = nb
+    results = grade(
+        src, write(root / "subs", subs), root / "out", jobs=2, progress=False, limits=LIMITS
+    )
+    return results, root / "out"
+
+
+def test_forged_messages_stay_within_the_caps_and_keep_the_notebook(messages):
+    from course.sandbox import SUBMISSION_OUTPUT_LIMIT
+
+    results, out = messages
+    for name in MESSAGES:
+        r = results[name]
+        assert r.status == "graded" and r.total == 6.0, (name, r.status, r.reason)
+        assert (
+            r.executed is not None and r.executed.stat().st_size < SUBMISSION_OUTPUT_LIMIT + 200_000
+        ), name
+        assert (
+            out / "feedback" / f"{name}.html"
+        ).stat().st_size < SUBMISSION_OUTPUT_LIMIT + 300_000, name
+    nb = nbformat.read(results["a_stream_named_grader"].executed, as_version=4)
+    spoken = [o for c in nb.cells for o in c.get("outputs", []) if "FORGED" in o.get("text", "")]
+    assert spoken and all(o["name"] == "stdout" for o in spoken)  # shown, but as the student's
+
+
+def test_partial_credit_is_a_finite_number_or_nothing():
+    import numpy as np
+    import torch
+
+    from course.verdict import credit
+
+    assert credit(0.5) == (0.5, None) and credit(2) == (2.0, None)
+    assert credit(np.float64(0.25)) == (0.25, None) and credit(np.int64(1)) == (1.0, None)
+    assert credit(torch.tensor(0.75)) == (0.75, None) and credit(np.array([0.5])) == (0.5, None)
+    assert (
+        credit(None) == (None, None)
+        and credit(True) == (None, None)
+        and credit("ok") == (None, None)
+    )
+    for bad in (
+        float("nan"),
+        float("inf"),
+        float("-inf"),
+        np.float64("nan"),
+        torch.tensor(float("nan")),
+    ):
+        number, why = credit(bad)
+        assert number is None and "not a finite number" in why, bad
+    assert credit(False) == (None, "the check ended with False")
+    assert credit(np.bool_(False))[1] == "the check ended with False"
+
+
+def test_a_nan_answer_earns_no_partial_credit(tmp_path):
+    from grading_fixtures import source
+
+    from course.release import student_version
+
+    src_nb = source()
+    for c in src_nb.cells:
+        if cell_gid(c) == "test_noisy":  # partial credit by closeness, as an instructor might write
+            c.source = (
+                "square_2 = square(2)\n# --- check ---\nimport math\nmath.exp(-abs(square_2 - 4))"
+            )
+    (tmp_path / "source").mkdir()
+    nbformat.write(src_nb, tmp_path / "source" / "ps1.ipynb")
+    student = student_version(src_nb)
+    subs = {
+        "nan": answer(student, square="return float('nan')"),
+        "inf": answer(student, square="return float('-inf')"),
+        "close": answer(student, square="return x * 2.5 if x == 2 else x * x"),
+    }
+    results = grade(
+        tmp_path / "source" / "ps1.ipynb",
+        write(tmp_path / "subs", subs),
+        tmp_path / "out",
+        jobs=2,
+        progress=False,
+        limits=LIMITS,
+    )
+    assert results["nan"].scores["test_noisy"] == 0.0 and results["inf"].scores["test_noisy"] == 0.0
+    assert "finite" in results["nan"].errors["test_noisy"]
+    assert results["close"].scores["test_noisy"] == pytest.approx(0.3679, abs=1e-3)  # exp(-1)
+
+
+KEYS = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+USER_KEYRING = ctypes.c_int(-4)
+def plant(payload):
+    return libc.syscall(248, b"user", b"planted", payload, len(payload), USER_KEYRING)  # add_key
+def look():
+    key = libc.syscall(250, 10, USER_KEYRING, b"user", b"planted", 0)  # keyctl(KEYCTL_SEARCH)
+    return "a key" if key >= 0 else None
+"""
+
+
+def test_a_key_left_in_the_uids_keyring_is_gone_for_the_next_submission(tmp_path):
+    src, student = release(tmp_path)
+    first, second = answer(student), answer(student)
+    first.cells.append(
+        new_code_cell(KEYS + "print('PLANTED', plant(b'square(x) = x * x') > 0, look())")
+    )
+    second.cells.append(new_code_cell(KEYS + "print('FOUND', look())"))
+    # one slot: the two run one after the other as the same uid
+    results = grade(
+        src,
+        write(tmp_path / "subs", {"k1_plant": first, "k2_read": second}),
+        tmp_path / "out",
+        jobs=1,
+        progress=False,
+        limits=LIMITS,
+    )
+
+    def printed(name):
+        nb = nbformat.read(results[name].executed, as_version=4)
+        return "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+
+    assert "PLANTED True a key" in printed("k1_plant")  # the plant itself worked
+    assert "FOUND None" in printed("k2_read")
