@@ -608,7 +608,9 @@ def pipeline(events: list[dict], ax=None, title: str | None = None, unit: str = 
     t0 = min(e["start"] for e in events)
     span = max(e["end"] for e in events) - t0
     for r in ranks:  # drawn first, so only the gaps between the boxes show it: idle time
-        ax.barh(r, span, left=t0, height=0.8, color="0.93", hatch="///", edgecolor="0.8", gid="idle")
+        ax.barh(
+            r, span, left=t0, height=0.8, color="0.93", hatch="///", edgecolor="0.8", gid="idle"
+        )
     for e in events:
         width = e["end"] - e["start"]
         ax.barh(
@@ -623,8 +625,15 @@ def pipeline(events: list[dict], ax=None, title: str | None = None, unit: str = 
         )
         if width > 0.012 * span:  # a label only where it fits
             size = 8 if width > 0.04 * span else 6
-            ax.text(e["start"] + width / 2, e["rank"], f"{e['op']}{e['micro']}",
-                    ha="center", va="center", fontsize=size, color="w")
+            ax.text(
+                e["start"] + width / 2,
+                e["rank"],
+                f"{e['op']}{e['micro']}",
+                ha="center",
+                va="center",
+                fontsize=size,
+                color="w",
+            )
     ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
     ax.invert_yaxis()  # rank 0 (the first stage) on top, as in the papers' figures
     ax.set_xlim(t0, t0 + span)
@@ -633,8 +642,13 @@ def pipeline(events: list[dict], ax=None, title: str | None = None, unit: str = 
     ax.set_title(f"{head}idle {bubble(events):.0%} of the ranks' time", fontsize=9)
     handles = [plt.Rectangle((0, 0), 1, 1, color=PIPELINE_COLORS[k]) for k in "FB"]
     handles.append(plt.Rectangle((0, 0), 1, 1, facecolor="0.93", hatch="///", edgecolor="0.8"))
-    ax.legend(handles, ["forward", "backward", "idle"], fontsize=7, loc="upper left",
-              bbox_to_anchor=(1.01, 1))
+    ax.legend(
+        handles,
+        ["forward", "backward", "idle"],
+        fontsize=7,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1),
+    )
     return ax
 
 
@@ -681,18 +695,51 @@ def strategies(axes=None):
     a, b, w = 0.4, 6.2, 2.4  # x of rank 0's and rank 1's columns, their width
     up, down = 0.12, -0.12  # where an arrow's text goes: over it or under it
     panels = [
-        ("Data parallel", [[1] * 4, [1] * 4], (1, 1), ("half the batch", "the other half"),
-         [("<->", 2.85, "all-reduce all\ngradients, once\nper step, after\nbackward", up)],
-         "each rank: the whole model,\nits share of the batch"),
-        ("Model parallel (naive)", [[1, 1, 0, 0], [0, 0, 1, 1]], (1, 0), ("the batch", ""),
-         [("->", 3.2, "activations\n(forward)", up), ("<-", 2.5, "their gradients\n(backward)", down)],
-         "each rank: some layers;\nonly one rank works at a time"),
-        ("Pipeline parallel", [[1, 1, 0, 0], [0, 0, 1, 1]], (4, 0), ("4 micro-batches", ""),
-         [("->", 3.2, "activations,\nper micro-batch", up), ("<-", 2.5, "gradients,\nper micro-batch", down)],
-         "each rank: some layers; micro-batches\nkeep both ranks busy (mostly)"),
-        ("Tensor parallel", [["left"] * 4, ["right"] * 4], (1, 1), ("the same batch", "the same batch"),
-         [("<->", 2.85, "all-reduce\nactivations in\nevery MLP: once\nforward, once\nbackward", up)],
-         "each rank: half of every weight\nmatrix; the same samples"),
+        (
+            "Data parallel",
+            [[1] * 4, [1] * 4],
+            (1, 1),
+            ("half the batch", "the other half"),
+            [("<->", 2.85, "all-reduce all\ngradients, once\nper step, after\nbackward", up)],
+            "each rank: the whole model,\nits share of the batch",
+        ),
+        (
+            "Model parallel (naive)",
+            [[1, 1, 0, 0], [0, 0, 1, 1]],
+            (1, 0),
+            ("the batch", ""),
+            [
+                ("->", 3.2, "activations\n(forward)", up),
+                ("<-", 2.5, "their gradients\n(backward)", down),
+            ],
+            "each rank: some layers;\nonly one rank works at a time",
+        ),
+        (
+            "Pipeline parallel",
+            [[1, 1, 0, 0], [0, 0, 1, 1]],
+            (4, 0),
+            ("4 micro-batches", ""),
+            [
+                ("->", 3.2, "activations,\nper micro-batch", up),
+                ("<-", 2.5, "gradients,\nper micro-batch", down),
+            ],
+            "each rank: some layers; micro-batches\nkeep both ranks busy (mostly)",
+        ),
+        (
+            "Tensor parallel",
+            [["left"] * 4, ["right"] * 4],
+            (1, 1),
+            ("the same batch", "the same batch"),
+            [
+                (
+                    "<->",
+                    2.85,
+                    "all-reduce\nactivations in\nevery MLP: once\nforward, once\nbackward",
+                    up,
+                )
+            ],
+            "each rank: half of every weight\nmatrix; the same samples",
+        ),
     ]
     for ax, (name, held, pieces, texts, arrows, note) in zip(axes, panels, strict=True):
         for x, h, n, t, r in zip((a, b), held, pieces, texts, (0, 1), strict=True):
@@ -700,10 +747,21 @@ def strategies(axes=None):
             if n:
                 _batch(ax, x, 0.1, n, width=w, text=t)
         for style, y, text, side in arrows:
-            ax.annotate("", xy=(b - 0.1, y), xytext=(a + w + 0.1, y),
-                        arrowprops={"arrowstyle": style, "color": "tab:red", "lw": 1.5})
-            ax.text((a + w + b) / 2, y + side, text, ha="center", fontsize=7, color="tab:red",
-                    va="bottom" if side > 0 else "top")
+            ax.annotate(
+                "",
+                xy=(b - 0.1, y),
+                xytext=(a + w + 0.1, y),
+                arrowprops={"arrowstyle": style, "color": "tab:red", "lw": 1.5},
+            )
+            ax.text(
+                (a + w + b) / 2,
+                y + side,
+                text,
+                ha="center",
+                fontsize=7,
+                color="tab:red",
+                va="bottom" if side > 0 else "top",
+            )
         ax.text((a + b + w) / 2, -1.0, note, ha="center", va="center", fontsize=8)
         ax.set_xlim(-0.4, b + w + 0.6)
         ax.set_ylim(-1.6, 5.6)
@@ -735,22 +793,55 @@ def mesh(shape: tuple, names: tuple, ax=None):
         for i in range(rows):
             for j in range(cols):
                 y = rows - 1 - i
-                ax.add_patch(plt.Rectangle((x0 + j + 0.1, y + 0.1), 0.8, 0.8, color="tab:gray",
-                                           alpha=0.8, gid="rank"))
-                ax.text(x0 + j + 0.5, y + 0.5, f"rank {block[i, j]}", ha="center", va="center",
-                        color="w", fontsize=8)
-            ax.add_patch(plt.Rectangle((x0 + 0.03, rows - 1 - i + 0.03), cols - 0.06, 0.94,
-                                       fill=False, edgecolor="tab:blue", lw=1.5))
+                ax.add_patch(
+                    plt.Rectangle(
+                        (x0 + j + 0.1, y + 0.1), 0.8, 0.8, color="tab:gray", alpha=0.8, gid="rank"
+                    )
+                )
+                ax.text(
+                    x0 + j + 0.5,
+                    y + 0.5,
+                    f"rank {block[i, j]}",
+                    ha="center",
+                    va="center",
+                    color="w",
+                    fontsize=8,
+                )
+            ax.add_patch(
+                plt.Rectangle(
+                    (x0 + 0.03, rows - 1 - i + 0.03),
+                    cols - 0.06,
+                    0.94,
+                    fill=False,
+                    edgecolor="tab:blue",
+                    lw=1.5,
+                )
+            )
         for j in range(cols):
-            ax.add_patch(plt.Rectangle((x0 + j + 0.06, 0.0), 0.88, rows, fill=False,
-                                       edgecolor="tab:orange", lw=1.5, linestyle="--"))
+            ax.add_patch(
+                plt.Rectangle(
+                    (x0 + j + 0.06, 0.0),
+                    0.88,
+                    rows,
+                    fill=False,
+                    edgecolor="tab:orange",
+                    lw=1.5,
+                    linestyle="--",
+                )
+            )
         if len(blocks) > 1:
             ax.text(x0 + cols / 2, rows + 0.15, f"{names[0]} = {k}", ha="center", fontsize=9)
             if k:
-                ax.annotate("", xy=(x0 - 0.05, rows / 2), xytext=(x0 - 1.15, rows / 2),
-                            arrowprops={"arrowstyle": "->", "color": "tab:green", "lw": 1.5})
-    handles = [plt.Line2D([], [], color="tab:blue", lw=1.5),
-               plt.Line2D([], [], color="tab:orange", lw=1.5, linestyle="--")]
+                ax.annotate(
+                    "",
+                    xy=(x0 - 0.05, rows / 2),
+                    xytext=(x0 - 1.15, rows / 2),
+                    arrowprops={"arrowstyle": "->", "color": "tab:green", "lw": 1.5},
+                )
+    handles = [
+        plt.Line2D([], [], color="tab:blue", lw=1.5),
+        plt.Line2D([], [], color="tab:orange", lw=1.5, linestyle="--"),
+    ]
     labels = [f"a {names[-1]} group (one row)", f"a {names[-2]} group (one column)"]
     if len(blocks) > 1:
         handles.append(plt.Line2D([], [], color="tab:green", lw=1.5))
@@ -760,5 +851,7 @@ def mesh(shape: tuple, names: tuple, ax=None):
     ax.set_ylim(-0.2, rows + 0.6)
     ax.set_aspect("equal")
     ax.set_axis_off()
-    ax.set_title(f"init_device_mesh(shape={tuple(shape)}, mesh_dim_names={tuple(names)})", fontsize=9)
+    ax.set_title(
+        f"init_device_mesh(shape={tuple(shape)}, mesh_dim_names={tuple(names)})", fontsize=9
+    )
     return ax
