@@ -4,8 +4,9 @@ The wrong answers are the ones a student would write: a 1F1B warm-up one too lon
 from the wrong end, or left out, GPipe's backwards in reverse, a micro-batch forgotten; an
 engine whose loss is not divided by m, whose received activations never ask for a gradient,
 that feeds micro-batch 0 every time, that sends gradients the wrong way or not at all, or
-sends with a blocking `send`; the bubble as (p−1)/m or p/(m+p−1); a measured bubble over each
-rank's own span, over the number of events, without the ranks, from time 0; a tensor-parallel
+sends with a blocking `send`, or times the wait in `recv` as compute; the bubble as (p−1)/m or p/(m+p−1); a measured bubble over each
+rank's own span, over the number of events, without the ranks, from time 0, from the first
+and last event listed; a tensor-parallel
 MLP without the forward all-reduce, with the bias added on every rank, without the backward
 all-reduce, all-reducing both ways, or averaging instead of summing. Each wrong submission is
 wrong in every question at once; the ungraded timing, memory and comparison cells are left out.
@@ -105,6 +106,32 @@ def pipeline_step(stage, order, inputs, targets, loss_fn, shape):
 """
 
 
+def timing_the_wait() -> str:
+    """The engine with each event's clock started before the recv: waiting counted as compute."""
+    out = engine()
+    for before, after in (
+        (
+            "            if first:\n",
+            "            start = time.perf_counter()\n            if first:\n",
+        ),
+        (
+            "            start = time.perf_counter()\n            out = stage(x)",
+            "            out = stage(x)",
+        ),
+        (
+            "            grad = None\n",
+            "            grad = None\n            start = time.perf_counter()\n",
+        ),
+        (
+            "            start = time.perf_counter()\n            out.backward(grad)",
+            "            out.backward(grad)",
+        ),
+    ):
+        assert before in out, before
+        out = out.replace(before, after, 1)
+    return out
+
+
 def fraction(expr: str) -> str:
     return f"def bubble_fraction(p, m):\n    return {expr}\n"
 
@@ -185,6 +212,7 @@ WRONG = {
                 send_out="sending = None if last else dist.send(out.detach(), dst=rank + 1)",
                 send_grad="dist.send(x.grad, dst=rank + 1)",
             ),  # blocking sends, and the gradients sent forward, to the wrong neighbour
+            timing_the_wait(),  # the wait in recv timed as compute: the bubble would vanish
         ],
     ),
     "bubble_fraction": (
@@ -211,6 +239,10 @@ WRONG = {
                 """ranks = {e["rank"] for e in events}
     return 1 - sum(e["end"] - e["start"] for e in events) / (len(ranks) * max(e["end"] for e in events))"""
             ),  # the span from time 0
+            measured(
+                """ranks = {e["rank"] for e in events}
+    return 1 - sum(e["end"] - e["start"] for e in events) / (len(ranks) * (events[-1]["end"] - events[0]["start"]))"""
+            ),  # the events assumed in time order (they come grouped by rank)
         ],
     ),
     "tensor_parallel": (
