@@ -109,18 +109,22 @@ def bwrap_argv(workdir: str) -> list[str]:
             argv += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             argv += ["--ro-bind", top, top]
+    # bwrap mounts in order: the private tmpfs first, so that a course or venv that lives under
+    # /tmp (a CI clone) is bound on top of it rather than hidden beneath it.
+    argv += ["--perms", "0755", "--dir", "/etc", "--perms", "0755", "--dir", "/var"]
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    private = ("/dev/shm", "/tmp", "/var/tmp")
+    for folder in private:  # writable by anyone, as on the host
+        argv += ["--perms", "1777", "--tmpfs", folder]
     # Folders bwrap creates on the way to a bind are 0700 (root's): make them enterable, or the
     # job's uid cannot reach an interpreter under /root or a venv under /work.
-    for folder in sorted(_ancestors(needed_paths()) | {"/etc", "/var"}):
+    for folder in sorted(_ancestors(needed_paths()) - {"/etc", "/var", *private}):
         argv += ["--perms", "0755", "--dir", folder]
     for p in needed_paths():
         argv += ["--ro-bind", p, p]
     for name in ETC:
         if os.path.exists(os.path.join("/etc", name)):
             argv += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
-    argv += ["--proc", "/proc", "--dev", "/dev"]
-    for private in ("/dev/shm", "/tmp", "/var/tmp"):  # writable by anyone, as on the host
-        argv += ["--perms", "1777", "--tmpfs", private]
     argv += ["--bind", workdir, workdir, "--chdir", workdir, "--clearenv"]
     return argv
 
