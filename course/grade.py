@@ -374,8 +374,8 @@ class Isolation:
             and shutil.which("unshare") is not None
             and _probe(["unshare", "--net", "--mount", "--fork", "true"])
         )
-        # Can a kernel run as another uid? Inside the namespaces the sandbox can expose an
-        # interpreter that lives under /root; without them it must be readable as it is.
+        # Can a kernel start as another uid inside bubblewrap's file view? (The probe starts
+        # one and imports ipykernel and helpers there.)
         prefix = ["unshare", "--net", "--mount", "--fork", "--"] if self.namespaces else []
         command = [sys.executable, "-m", "course.sandbox", "--probe", str(uid_base)]
         self.bwrap = self.namespaces and shutil.which("bwrap") is not None

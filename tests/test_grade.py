@@ -484,3 +484,29 @@ def test_three_slices_graded_side_by_side_merge_into_the_gradebook_of_one_run(as
         [*grade_cli(src, subs, tmp_path / "x", 1), "--shard", "4/3"], capture_output=True, text=True
     )
     assert bad.returncode == 2 and "K must be between 1 and N" in bad.stderr
+
+
+def test_the_result_reader_drops_an_over_long_line_and_keeps_the_rest(monkeypatch):
+    """The grader's memory stays bounded: a line over MAX_LINE is skipped as it streams."""
+    import threading
+
+    from course.grade import _Reader
+
+    monkeypatch.setattr(_Reader, "MAX_LINE", 10_000)
+    read_fd, write_fd = os.pipe()
+
+    def feed():
+        with os.fdopen(write_fd, "wb") as w:
+            w.write(b'{"a": 1}\n')
+            w.write(b'{"flood": "' + b"x" * 100_000 + b'"}\n')  # streamed in 1 MiB reads
+            w.write(b'{"b": 2}\n')
+
+    threading.Thread(target=feed).start()
+    reader, got = _Reader(read_fd), []
+    while not (reader.eof and b"\n" not in reader.buf):
+        msg = reader.next(timeout=2)
+        if msg is not None:
+            got.append(msg)
+        assert len(reader.buf) <= _Reader.MAX_LINE + 2**20  # never more than a read past the cap
+    reader.close()
+    assert got == [{"a": 1}, {"b": 2}] and reader.dropped == 1
