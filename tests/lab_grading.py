@@ -90,6 +90,22 @@ def grade_class(
     )
 
 
+def grade_trimmed(
+    lab: Path, student: Path, wrong: dict, ungraded: tuple, tmp: Path, **kwargs
+) -> dict:
+    """``grade_class`` on copies of the lab and its student version without the ``ungraded``
+    cells (timing, sweeps, plots), with the quick profile of ``lab`` itself."""
+    (tmp / "lab").mkdir(), (tmp / "student").mkdir()
+    return grade_class(
+        trimmed(lab, tmp / "lab", ungraded),
+        trimmed(student, tmp / "student", ungraded),
+        wrong,
+        tmp,
+        entry=lab,
+        **kwargs,
+    )
+
+
 def assert_wrong_answers_lose_their_points(graded: dict, wrong: dict, auto: dict, mixed=True):
     for name, replace in wrong_submissions(wrong, mixed).items():
         result = graded[name]

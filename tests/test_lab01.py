@@ -271,15 +271,7 @@ def graded(tmp_path_factory):
     the α-β benchmark and cost model), with one timing repeat and worlds of 1 and 2: the
     graded cells' figures are checked for form and against each other, never against a time."""
     tmp = tmp_path_factory.mktemp("lab01")
-    (tmp / "lab").mkdir(), (tmp / "student").mkdir()
-    return lab_grading.grade_class(
-        lab_grading.trimmed(LAB, tmp / "lab", UNGRADED),
-        lab_grading.trimmed(STUDENT, tmp / "student", UNGRADED),
-        WRONG,
-        tmp,
-        overrides=FASTER,
-        entry=LAB,
-    )
+    return lab_grading.grade_trimmed(LAB, STUDENT, WRONG, UNGRADED, tmp, overrides=FASTER)
 
 
 @pytest.mark.slow

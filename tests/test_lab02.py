@@ -307,15 +307,8 @@ UNGRADED = ("plot_spans(", "torch.cuda.device_count() >= 2", "def dp_timed(", "h
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lab02")
-    (tmp / "lab").mkdir(), (tmp / "student").mkdir()
-    return lab_grading.grade_class(
-        lab_grading.trimmed(LAB, tmp / "lab", UNGRADED),
-        lab_grading.trimmed(STUDENT, tmp / "student", UNGRADED),
-        WRONG,
-        tmp,
-        mixed=False,
-        overrides=FASTER,
-        entry=LAB,
+    return lab_grading.grade_trimmed(
+        LAB, STUDENT, WRONG, UNGRADED, tmp, mixed=False, overrides=FASTER
     )
 
 

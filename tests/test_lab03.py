@@ -270,15 +270,7 @@ def test_the_unfinished_student_version_says_what_to_do():
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lab03")
-    (tmp / "lab").mkdir(), (tmp / "student").mkdir()
-    return lab_grading.grade_class(
-        lab_grading.trimmed(LAB, tmp / "lab", UNGRADED),
-        lab_grading.trimmed(STUDENT, tmp / "student", UNGRADED),
-        WRONG,
-        tmp,
-        mixed=False,
-        entry=LAB,
-    )
+    return lab_grading.grade_trimmed(LAB, STUDENT, WRONG, UNGRADED, tmp, mixed=False)
 
 
 @pytest.mark.slow
