@@ -757,6 +757,9 @@ class _Reader:
                 if self.skipping:  # the tail of a dropped line
                     self.skipping = False
                     continue
+                if len(line) > self.MAX_LINE:  # whole in the buffer: one read completed it
+                    self.dropped += 1
+                    continue
                 try:
                     return json.loads(line)
                 except ValueError:

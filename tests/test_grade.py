@@ -487,26 +487,36 @@ def test_three_slices_graded_side_by_side_merge_into_the_gradebook_of_one_run(as
 
 
 def test_the_result_reader_drops_an_over_long_line_and_keeps_the_rest(monkeypatch):
-    """The grader's memory stays bounded: a line over MAX_LINE is skipped as it streams."""
+    """The grader's memory stays bounded: a line over MAX_LINE is skipped as it streams, and
+    also when one read brings the whole of it (this once returned the line: CI saw it)."""
     import threading
 
     from course.grade import _Reader
 
     monkeypatch.setattr(_Reader, "MAX_LINE", 10_000)
-    read_fd, write_fd = os.pipe()
+    lines = [b'{"a": 1}\n', b'{"flood": "' + b"x" * 100_000 + b'"}\n', b'{"b": 2}\n']
+
+    def read_all(read_fd):
+        reader, got = _Reader(read_fd), []
+        while not (reader.eof and b"\n" not in reader.buf):
+            msg = reader.next(timeout=2)
+            if msg is not None:
+                got.append(msg)
+            assert len(reader.buf) <= _Reader.MAX_LINE + 2**20  # never more than a read past it
+        reader.close()
+        return got, reader.dropped
+
+    read_fd, write_fd = os.pipe()  # streamed: the flood crosses several reads
 
     def feed():
         with os.fdopen(write_fd, "wb") as w:
-            w.write(b'{"a": 1}\n')
-            w.write(b'{"flood": "' + b"x" * 100_000 + b'"}\n')  # streamed in 1 MiB reads
-            w.write(b'{"b": 2}\n')
+            w.writelines(lines)
 
     threading.Thread(target=feed).start()
-    reader, got = _Reader(read_fd), []
-    while not (reader.eof and b"\n" not in reader.buf):
-        msg = reader.next(timeout=2)
-        if msg is not None:
-            got.append(msg)
-        assert len(reader.buf) <= _Reader.MAX_LINE + 2**20  # never more than a read past the cap
-    reader.close()
-    assert got == [{"a": 1}, {"b": 2}] and reader.dropped == 1
+    assert read_all(read_fd) == ([{"a": 1}, {"b": 2}], 1)
+
+    monkeypatch.setattr(_Reader, "MAX_LINE", 1_000)  # whole: all of it waits in the pipe
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, lines[0] + lines[1][:5_000] + b'"}\n' + lines[2])
+    os.close(write_fd)
+    assert read_all(read_fd) == ([{"a": 1}, {"b": 2}], 1)
