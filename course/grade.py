@@ -501,7 +501,7 @@ class Group:
     def members(self) -> list[psutil.Process]:
         """Cheap, for polling: the cgroup's list when there is one (everything inherits it)."""
         if self.dirs:
-            return [psutil.Process(p) for p in self._cgroup_pids() if psutil.pid_exists(p)]
+            return _alive(self._cgroup_pids())
         return self.processes()
 
     def processes(self) -> list[psutil.Process]:
@@ -516,7 +516,7 @@ class Group:
             except (psutil.Error, TypeError):
                 pass
         pids.discard(os.getpid())
-        return [psutil.Process(p) for p in pids if psutil.pid_exists(p)]
+        return _alive(pids)
 
     def kill(self, extra: list[psutil.Process] = ()) -> None:
         """SIGKILL everything until nothing is left (a fork storm respawns for a while)."""
@@ -535,6 +535,18 @@ class Group:
                 d.rmdir()
             except OSError:
                 pass
+
+
+def _alive(pids) -> list[psutil.Process]:
+    """The processes of ``pids`` still there. A submission's process may end between any two
+    calls (CI saw one go between pid_exists and Process: "grader error: NoSuchProcess")."""
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.Error:
+            pass
+    return procs
 
 
 def _read(path: Path) -> str:
@@ -663,7 +675,7 @@ def grade_one(
                     f"over the {limits.budget:g} s budget: stopped, later tests score 0",
                 )
                 break
-            procs = group.members() or [psutil.Process(runner.pid)]
+            procs = group.members() or _alive([runner.pid])
             rss, count = _usage(procs)
             measured = group.memory()
             rss = measured if measured is not None else rss  # summed RSS counts shared pages twice
@@ -680,7 +692,7 @@ def grade_one(
                 )
                 break
     finally:
-        group.kill([psutil.Process(runner.pid)] if runner.poll() is None else [])
+        group.kill(_alive([runner.pid]) if runner.poll() is None else [])
         runner.wait()
         lines.close()
         shutil.rmtree(workdir, ignore_errors=True)

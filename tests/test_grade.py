@@ -520,3 +520,23 @@ def test_the_result_reader_drops_an_over_long_line_and_keeps_the_rest(monkeypatc
     os.write(write_fd, lines[0] + lines[1][:5_000] + b'"}\n' + lines[2])
     os.close(write_fd)
     assert read_all(read_fd) == ([{"a": 1}, {"b": 2}], 1)
+
+
+def test_a_process_that_ends_while_the_grader_lists_the_group_is_skipped(tmp_path, monkeypatch):
+    """A submission's process may exit between the grader's pid listing and its psutil lookup;
+    grading goes on (CI once lost a perfect submission to "grader error: NoSuchProcess")."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from course.grade import Group
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (tmp_path / "cgroup.procs").write_text(f"{gone.pid}\n{os.getpid()}\n")
+    group = Group.__new__(Group)
+    group.dirs, group.uid, group.marker = [tmp_path], None, "no-such-marker"
+    monkeypatch.setattr(psutil, "pid_exists", lambda pid: True)  # the race: it existed a moment ago
+    assert [p.pid for p in group.members()] == [os.getpid()]
+    assert os.getpid() not in [p.pid for p in group.processes()]  # never the grader itself
