@@ -258,6 +258,8 @@ def assemble(source, submission, parameters: dict | None = None):
         src = by_gid.get(gid)
         if src is None:  # a cell the student added (or split off): its source, nothing else
             out.append(_student_cell(cell.cell_type, cell.source))
+            if cell.cell_type == "code" and "parameters" in _tags(cell):
+                out[-1].metadata["tags"] = ["parameters"]  # where the grading profile goes
             continue
         used.add(gid)
         if (
@@ -306,16 +308,32 @@ def assemble(source, submission, parameters: dict | None = None):
             if cells.is_graded(cell) and not _is_answer(cell):
                 cell.metadata["grader_test"] = True
     if parameters:
-        tagged = next(
-            (k for k, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", [])), -1
-        )
         code = "# Parameters (grading profile)\n" + "\n".join(
             f"{k} = {v!r}" for k, v in parameters.items()
         )
         nb.cells.insert(
-            tagged + 1, nbformat.v4.new_code_cell(code, metadata={"tags": ["injected-parameters"]})
+            _profile_at(nb),
+            nbformat.v4.new_code_cell(code, metadata={"tags": ["injected-parameters"]}),
         )
     return nb, flags
+
+
+def _tags(cell) -> list:
+    tags = cell.get("metadata", {}).get("tags", [])
+    return tags if isinstance(tags, list) else []
+
+
+def _profile_at(nb) -> int:
+    """Where the grading profile goes: after the notebook's own parameters cell, as papermill
+    puts it, so the notebook's defaults never override it. The parameters cell has no grade_id
+    (the student's copy of it is theirs); without its tag, the profile goes before the first
+    cell of the source, which comes after the defaults in every lab."""
+    tagged = [k for k, c in enumerate(nb.cells) if "parameters" in _tags(c)]
+    if tagged:
+        return tagged[-1] + 1
+    return next(
+        (k for k, c in enumerate(nb.cells) if c.cell_type == "code" and cells.grade_id(c)), 0
+    )
 
 
 def split_tests(nb) -> dict:

@@ -540,3 +540,28 @@ def test_a_process_that_ends_while_the_grader_lists_the_group_is_skipped(tmp_pat
     monkeypatch.setattr(psutil, "pid_exists", lambda pid: True)  # the race: it existed a moment ago
     assert [p.pid for p in group.members()] == [os.getpid()]
     assert os.getpid() not in [p.pid for p in group.processes()]  # never the grader itself
+
+
+@pytest.mark.parametrize("tag", [True, False], ids=["tagged", "tag-removed"])
+def test_the_grading_profile_overrides_the_notebooks_own_parameters(tag):
+    """The profile goes after the lab's parameters cell, whether the student's copy kept its tag
+    or not: before, the tag was dropped with the rest of the student's metadata, the profile went
+    first, and the notebook's defaults overrode it."""
+    from grading_fixtures import source
+
+    from course.release import student_version
+
+    src = source()
+    defaults = new_code_cell("n = 1\nsize = 'big'", metadata={"tags": ["parameters"]})
+    src.cells.insert(1, defaults)
+    submission = student_version(src)
+    params = next(c for c in submission.cells if c.source.startswith("n = 1"))
+    params.source = "n = 2\nsize = 'huge'"  # the student's edit of the defaults
+    if not tag:
+        params.metadata["tags"] = []
+    graded, _ = assemble(src, submission, parameters={"n": 5, "size": "small"})
+    namespace = {}
+    for cell in graded.cells:  # the cells that set parameters, in the order the kernel runs them
+        if cell.cell_type == "code" and ("n = " in cell.source or "size = " in cell.source):
+            exec(cell.source, namespace)
+    assert (namespace["n"], namespace["size"]) == (5, "small")
