@@ -30,6 +30,7 @@ def speedup(rows: list[dict], time_key: str = "time", group: str | None = "batch
         series[r.get(group) if group else None].append(r)
     ns = sorted({r["world_size"] for r in rows})
     ax.plot(ns, ns, "k--", label="ideal (speedup = n)")
+    baseline_labelled = False
     for key, rs in sorted(series.items(), key=lambda kv: str(kv[0])):
         rs = sorted(rs, key=lambda r: r["world_size"])
         if "speedup" in rs[0]:
@@ -45,13 +46,19 @@ def speedup(rows: list[dict], time_key: str = "time", group: str | None = "batch
         bars = ax.errorbar(xs, sp, yerr=[lo, hi], fmt="o-", capsize=4, label=label)
         color = bars[0].get_color()
         for n, s, r in zip(xs, sp, rs, strict=True):
+            ink = color
             if r.get("oversubscribed"):
                 ax.plot([n], [s], "o", markersize=11, mfc="none", mec="red")
                 text = "oversubscribed"
+            elif n == 1 and s == 1.0:
+                # every line's own baseline: one black label, not one per line on top of each other
+                if baseline_labelled:
+                    continue
+                baseline_labelled, text, ink = True, "100%", "black"
             else:
                 text = f"{s / n:.0%}"
             ax.annotate(
-                text, (n, s), textcoords="offset points", xytext=(6, -12), fontsize=8, color=color
+                text, (n, s), textcoords="offset points", xytext=(6, -12), fontsize=8, color=ink
             )
     if any(r.get("oversubscribed") for r in rows):
         ax.plot([], [], "o", mfc="none", mec="red", label="oversubscribed: not scaling")

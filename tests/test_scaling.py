@@ -122,6 +122,16 @@ def test_speedup_plot_draws_the_spread_and_marks_oversubscribed_points():
     assert any("oversubscribed" in t.get_text() for t in ax.get_legend().get_texts())
 
 
+def test_speedup_plot_labels_the_shared_baseline_once():
+    rows = [
+        {"world_size": n, "batch_size": b, "speedup": s}
+        for b, pairs in ((16, ((1, 1.0), (2, 0.5))), (512, ((1, 1.0), (2, 1.5))))
+        for n, s in pairs
+    ]
+    texts = [t.get_text() for t in helpers.plots.speedup(rows).texts]
+    assert sorted(texts) == ["100%", "25%", "75%"]  # not one "100%" per line, stacked at n = 1
+
+
 def test_cost_model_uses_each_world_sizes_own_compute():
     from helpers.bandwidth import AlphaBeta
 
