@@ -25,7 +25,7 @@ import time
 from collections import OrderedDict
 from multiprocessing.connection import Connection
 
-from helpers import diagnose
+from helpers import _pickling, diagnose
 from helpers._worker import end_marker
 from helpers.errors import (
     LaunchError,
@@ -126,15 +126,13 @@ atexit.register(shutdown)
 
 def _pickle_call(fn, args, kwargs) -> bytes:
     """Pickle the call by value; if that fails, name the argument that cannot travel."""
-    import cloudpickle
-
     try:
-        return cloudpickle.dumps((fn, args, kwargs))
+        return _pickling.dumps((fn, args, kwargs))
     except Exception as exc:
         culprit = "the function (something it uses from the notebook)"
         for name, value in [(None, fn), *enumerate(args), *kwargs.items()]:
             try:
-                cloudpickle.dumps(value)
+                _pickling.dumps(value)
             except Exception:
                 if name is None:
                     break

@@ -20,6 +20,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 
@@ -79,6 +81,38 @@ def command(
     return cmd + (["--out", out] if out else [])
 
 
+def _wait(procs: list, timeout: float, grace: float = 15.0) -> tuple[bool, list[str]]:
+    """Wait for every agent: (whether the time ran out, each agent's output).
+
+    Once one agent has failed, the others get ``grace`` seconds and are then stopped: torchrun
+    would otherwise hold each of them in its exit barrier (5 minutes) waiting for the dead one.
+    A reader thread per agent keeps its pipe from filling up while it runs.
+    """
+    outputs: list[list[str]] = [[] for _ in procs]
+    readers = [
+        threading.Thread(target=lambda p=p, out=out: out.append(p.stdout.read()), daemon=True)
+        for p, out in zip(procs, outputs, strict=True)
+    ]
+    for t in readers:
+        t.start()
+    deadline, failed_at = time.monotonic() + timeout, None
+    while any(p.poll() is None for p in procs):
+        now = time.monotonic()
+        if failed_at is None and any(p.poll() for p in procs):
+            failed_at = now
+        if now > deadline or (failed_at is not None and now > failed_at + grace):
+            break
+        time.sleep(0.1)
+    timed_out = failed_at is None and any(p.poll() is None for p in procs)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+    for t in readers:
+        t.join()
+    return timed_out, ["".join(out) for out in outputs]
+
+
 def agents(
     target: str,
     *args,
@@ -114,18 +148,13 @@ def agents(
                 text=True,
             )
         )
-    logs = []
     try:
-        try:
-            for p in procs:
-                logs.append(p.communicate(timeout=timeout)[0])
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            tails = "\n".join((p.communicate()[0] or "")[-1500:] for p in procs)
+        timed_out, logs = _wait(procs, timeout)
+        if timed_out:
+            tails = "\n".join(log[-1500:] for log in logs)
             raise TimeoutError(
                 f"the torchrun agents did not finish in {timeout} s. The end of their output:\n{tails}"
-            ) from None
+            )
         codes = [p.returncode for p in procs]
         if any(codes):
             raise RuntimeError(f"torchrun agents exited with {codes}:\n" + "\n".join(logs)[-4000:])

@@ -100,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
             if opts.out:
                 with open(opts.out, "wb") as f:
                     pickle.dump(results, f)
+        # Every rank waits here until rank 0 has its results: a rank that tore gloo down while
+        # a peer still used its connection could kill that peer (SIGABRT, seen in CI), and its
+        # agent would then wait out torchrun's exit barrier instead of finishing.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
     return 0

@@ -11,3 +11,14 @@ def ring_sum(scale=1.0, tag="x"):
     t = torch.tensor([(dist.get_rank() + 1) * scale])
     dist.all_reduce(t)
     return {"rank": helpers.rank(), "world": helpers.world_size(), "sum": t.item(), "tag": tag}
+
+
+def dies_at_exit_on(rank=1):
+    """Returns normally, but ``rank``'s process then fails as it exits (after every collective):
+    the other ranks succeed, and their agents wait in torchrun's exit barrier for this one."""
+    if dist.get_rank() == rank:
+        import atexit
+        import os
+
+        atexit.register(os._exit, 1)
+    return dist.get_rank()

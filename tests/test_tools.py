@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -84,3 +86,19 @@ def test_a_failed_agent_says_what_happened_and_leaves_nothing_in_tmp(tmp_path, m
     with pytest.raises(RuntimeError, match="torchrun agents exited with"):
         multinode.agents("helpers.multinode:no_such_function", nnodes=1, nproc_per_node=1)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_when_one_node_fails_the_others_are_stopped_not_waited_for():
+    # Rank 1 (node 1) fails as it exits, after every collective: rank 0 succeeds, and its agent
+    # would wait 5 minutes in torchrun's exit barrier for node 1's (seen in CI): it must not.
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"torchrun agents exited with \[-9, 1\]"):
+        multinode.agents(
+            "rankfns:dies_at_exit_on",
+            1,
+            nnodes=2,
+            nproc_per_node=1,
+            timeout=200,
+            env={"PYTHONPATH": str(Path(__file__).parent)},
+        )
+    assert time.monotonic() - start < 90  # the 15 s grace, not the timeout or the barrier
