@@ -16,6 +16,10 @@ def _axes(ax=None, figsize=(6, 4)):
     return ax
 
 
+# The batch in a scaling run is per rank (the global batch is n times it): say so in the legend.
+_GROUP_NAMES = {"batch_size": "per-rank batch"}
+
+
 def speedup(rows: list[dict], time_key: str = "time", group: str | None = "batch_size", ax=None):
     """Speedup T(1)/T(n) vs workers, one line per ``group`` value, ideal dashed.
 
@@ -42,7 +46,7 @@ def speedup(rows: list[dict], time_key: str = "time", group: str | None = "batch
         xs = [r["world_size"] for r in rs]
         lo = [s - r.get("speedup_lo", s) for s, r in zip(sp, rs, strict=True)]
         hi = [r.get("speedup_hi", s) - s for s, r in zip(sp, rs, strict=True)]
-        label = f"{group}={key}" if group else "measured"
+        label = f"{_GROUP_NAMES.get(group, group)}={key}" if group else "measured"
         bars = ax.errorbar(xs, sp, yerr=[lo, hi], fmt="o-", capsize=4, label=label)
         color = bars[0].get_color()
         for n, s, r in zip(xs, sp, rs, strict=True):

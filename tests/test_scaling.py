@@ -132,6 +132,12 @@ def test_speedup_plot_labels_the_shared_baseline_once():
     assert sorted(texts) == ["100%", "25%", "75%"]  # not one "100%" per line, stacked at n = 1
 
 
+def test_speedup_plot_names_the_batch_per_rank():
+    rows = [{"world_size": n, "batch_size": 16, "speedup": s} for n, s in ((1, 1.0), (2, 0.5))]
+    legend = [t.get_text() for t in helpers.plots.speedup(rows).get_legend().get_texts()]
+    assert "per-rank batch=16" in legend
+
+
 def test_cost_model_uses_each_world_sizes_own_compute():
     from helpers.bandwidth import AlphaBeta
 
