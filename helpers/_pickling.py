@@ -9,6 +9,7 @@ keeps names this is a no-op.
 
 from __future__ import annotations
 
+import functools
 import io
 import types
 from collections import ChainMap
@@ -20,6 +21,7 @@ def with_filename(ctor, args, filename: str):
     return code if code.co_filename == filename else code.replace(co_filename=filename)
 
 
+@functools.cache
 def _pickler_class():
     import cloudpickle
 
