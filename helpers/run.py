@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import atexit
 import importlib
 import os
 import pickle
@@ -109,5 +110,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def exit_now(code: int) -> None:
+    """Exit with ``code`` once atexit handlers have run, skipping the runtime's own teardown.
+
+    The results are out by now. What remains is the interpreter's finalisation and the C++ static
+    destructors, and there a gloo thread still alive can abort the process ("terminate called
+    without an active exception", SIGABRT, seen in CI after a clean run). torchrun then reports a
+    failed worker and holds the other node in its exit barrier. Launched ranks exit the same way.
+    """
+    atexit._run_exitfuncs()  # what sys.exit would still have run: logging, user handlers
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -1,5 +1,7 @@
 """Functions that tests run on several ranks, importable by module name (for torchrun)."""
 
+import os
+
 import torch
 import torch.distributed as dist
 
@@ -21,4 +23,16 @@ def dies_at_exit_on(rank=1):
         import os
 
         atexit.register(os._exit, 1)
+    return dist.get_rank()
+
+
+class _AbortsWhenCollected:
+    def __del__(self, abort=os.abort):  # bound now: imports fail once the interpreter shuts down
+        abort()  # what a gloo thread does to a process in the C++ runtime's teardown
+
+
+def aborts_in_teardown():
+    """Returns normally, then its process aborts while the interpreter tears down (after atexit)."""
+    global _teardown_bomb
+    _teardown_bomb = _AbortsWhenCollected()
     return dist.get_rank()

@@ -95,3 +95,20 @@ def test_command_line_arguments_are_python_literals_or_strings(words, args, kwar
     from helpers.run import parse_call
 
     assert parse_call(words) == (args, kwargs)
+
+
+def test_a_crash_in_the_runtimes_teardown_does_not_fail_a_finished_run(tmp_path):
+    """Once the results are out, what the interpreter's teardown does cannot fail the job (in CI a
+    gloo thread aborted a worker there, and torchrun reported the whole run failed)."""
+    out = tmp_path / "results.pkl"
+    cmd = [TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "helpers.run"]
+    proc = subprocess.run(
+        [*cmd, "rankfns:aborts_in_teardown", "--out", str(out)],
+        cwd=TESTS,
+        env=dict(os.environ, PYTHONPATH=str(TESTS)),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert pickle.loads(out.read_bytes()) == [0, 1]
