@@ -20,6 +20,7 @@ import importlib
 import os
 import pickle
 import sys
+from typing import NoReturn
 
 ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
@@ -102,15 +103,14 @@ def main(argv: list[str] | None = None) -> int:
                 with open(opts.out, "wb") as f:
                     pickle.dump(results, f)
         # Every rank waits here until rank 0 has its results: a rank that tore gloo down while
-        # a peer still used its connection could kill that peer (SIGABRT, seen in CI), and its
-        # agent would then wait out torchrun's exit barrier instead of finishing.
+        # a peer still used its connection could fail that peer's last collective.
         dist.barrier()
     finally:
         dist.destroy_process_group()
     return 0
 
 
-def exit_now(code: int) -> None:
+def exit_now(code: int) -> NoReturn:
     """Exit with ``code`` once atexit handlers have run, skipping the runtime's own teardown.
 
     The results are out by now. What remains is the interpreter's finalisation and the C++ static

@@ -20,7 +20,6 @@ def dies_at_exit_on(rank=1):
     the other ranks succeed, and their agents wait in torchrun's exit barrier for this one."""
     if dist.get_rank() == rank:
         import atexit
-        import os
 
         atexit.register(os._exit, 1)
     return dist.get_rank()
