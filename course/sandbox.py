@@ -117,8 +117,9 @@ def bwrap_argv(workdir: str) -> list[str]:
     for folder in private:  # writable by anyone, as on the host
         argv += ["--perms", "1777", "--tmpfs", folder]
     # Folders bwrap creates on the way to a bind are 0700 (root's): make them enterable, or the
-    # job's uid cannot reach an interpreter under /root or a venv under /work.
-    for folder in sorted(_ancestors(needed_paths()) - {"/etc", "/var", *private}):
+    # job's uid cannot reach an interpreter under /root, a venv under /work, or a work folder
+    # that TMPDIR put below /tmp.
+    for folder in sorted(_ancestors([*needed_paths(), workdir]) - {"/etc", "/var", *private}):
         argv += ["--perms", "0755", "--dir", folder]
     for p in needed_paths():
         argv += ["--ro-bind", p, p]

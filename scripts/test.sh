@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # The test suite: set up if needed, lint the packages, then run every test (real processes,
 # real kernels, real notebooks). Extra arguments go to pytest.
+#
+# Two pytest workers, each running whole test files (--dist loadfile: a module's fixtures, such as
+# a lab's class grading or the syllabus's one run, are made once). Much of the suite waits: on
+# kernels starting, ranks timing out, a budget running out; a second worker uses that time.
+# `pytest -n 0 ...` (or plain `pytest tests/x.py`) runs in one process, as before.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 .venv/bin/ruff check helpers course tests benchmarks
 .venv/bin/ruff format --check helpers course tests benchmarks
-exec .venv/bin/python -m pytest "$@"
+exec .venv/bin/python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadfile --durations=25 "$@"

@@ -14,17 +14,20 @@ from course.grade import Limits, grade
 from course.syllabus import load_syllabus
 
 
-def wrong_submissions(wrong: dict, mixed: bool = True) -> dict[str, dict[str, str]]:
+def wrong_submissions(wrong: dict, halves: int = 0) -> dict[str, dict[str, str]]:
     """{name: {solution grade_id: wrong source}} from ``wrong`` = {grade_id: (test, [variants])}.
 
-    mixed: variant v of every other question, so that each submission is wrong in about half
-    the questions and right in the rest (a wrong answer must cost only its own points); else
-    variant v of every question at once (fewer submissions to grade)."""
+    Submission ``wrong{v}`` holds variant v of every question that has one (right where it has
+    none: a question with fewer variants is right in the last submissions, so a wrong answer
+    elsewhere is seen not to cost its points). The first ``halves`` variants are instead split
+    in two submissions, ``wrong{v}a`` and ``wrong{v}b``, each wrong in every other question and
+    right in the rest: a wrong answer must cost only its own points. Every variant is graded
+    once, in as few submissions as that allows (grading a class is most of the suite's time)."""
     subs = {}
     order = list(wrong)
     most = max(len(variants) for _, variants in wrong.values())
     for v in range(most):
-        for parity in (0, 1) if mixed else (None,):
+        for parity in (0, 1) if v < halves else (None,):
             chosen = {
                 gid: textwrap.dedent(wrong[gid][1][v]).strip()
                 for i, gid in enumerate(order)
@@ -63,7 +66,7 @@ def grade_class(
     student: Path,
     wrong: dict,
     tmp: Path,
-    mixed: bool = True,
+    halves: int = 0,
     overrides: dict | None = None,
     limits: Limits | None = None,
     entry: Path | None = None,
@@ -76,7 +79,7 @@ def grade_class(
     subs.mkdir()
     shutil.copy(lab, subs / "perfect.ipynb")  # the solution is a perfect submission
     shutil.copy(student, subs / "untouched.ipynb")
-    for name, replace in wrong_submissions(wrong, mixed).items():
+    for name, replace in wrong_submissions(wrong, halves).items():
         write_submission(lab, subs / f"{name}.ipynb", replace)
     quick = next(e for e in load_syllabus() if e.path == (entry or lab)).parameters("quick")
     return grade(
@@ -106,8 +109,8 @@ def grade_trimmed(
     )
 
 
-def assert_wrong_answers_lose_their_points(graded: dict, wrong: dict, auto: dict, mixed=True):
-    for name, replace in wrong_submissions(wrong, mixed).items():
+def assert_wrong_answers_lose_their_points(graded: dict, wrong: dict, auto: dict, halves=0):
+    for name, replace in wrong_submissions(wrong, halves).items():
         result = graded[name]
         assert result.status == "graded", (name, result.reason)
         wrong_tests = {wrong[gid][0] for gid in replace}

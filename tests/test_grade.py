@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import signal
@@ -17,6 +18,7 @@ import pytest
 from grading_fixtures import EXPECTED, answer, cell_index, plain_submissions, raw, release, write
 from nbformat.v4 import new_code_cell
 
+import course.grade as grading
 from course.grade import Limits, assemble, grade, load_submission
 
 
@@ -287,7 +289,9 @@ def test_cli_grades_and_interrupt_keeps_finished_grades(assignment, tmp_path):
     assert proc.returncode == 0 and "4 submissions, mean 6.00 points" in proc.stdout
 
 
-def test_ranks_run_inside_the_sandbox_and_a_stuck_submission_hits_the_budget(assignment, tmp_path):
+def test_ranks_run_inside_the_sandbox_and_a_stuck_submission_hits_the_budget(
+    assignment, tmp_path, monkeypatch
+):
     _, src, student = assignment
     launches = with_cell(
         student,
@@ -309,6 +313,16 @@ def test_ranks_run_inside_the_sandbox_and_a_stuck_submission_hits_the_budget(ass
     )
     folder = write(tmp_path / "subs", {"launches": launches, "stuck": stuck})
     started = time.time()
+    taken = []  # the block of uids this grading holds: a grader beside this test has another
+    real_block = grading.uid_block
+
+    @contextlib.contextmanager
+    def recorded_block(jobs=1):
+        with real_block(jobs) as base:
+            taken.append(base)
+            yield base
+
+    monkeypatch.setattr(grading, "uid_block", recorded_block)
     results = grade(
         src,
         folder,
@@ -330,11 +344,9 @@ def test_ranks_run_inside_the_sandbox_and_a_stuck_submission_hits_the_budget(ass
     assert results["stuck"].scores["test_square"] == 2.0  # what finished before the budget counts
     # ranks the grading started, wherever they were reparented to; this test process's own warm
     # pool (an earlier test in this run launched in-process) is not the grader's to kill
-    # (as root the submissions run as uids of a grader's block, from UID_BASE on)
-    from course.grade import UID_BASE, UID_BLOCK, UID_BLOCKS
-
+    # (as root the submissions run as the uids of this grading's block, and no other's)
     ours = (
-        range(UID_BASE, UID_BASE + UID_BLOCK * UID_BLOCKS)
+        range(taken[0], taken[0] + grading.UID_BLOCK)
         if os.geteuid() == 0
         else range(os.getuid(), os.getuid() + 1)
     )

@@ -14,6 +14,7 @@ import json
 import os
 import tempfile
 import textwrap
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -92,9 +93,19 @@ def graded(tmp_path_factory):
     subs["fails_hidden"] = answer(student, square="return abs(x) * x")
 
     out = root / "out"
-    before = set(os.listdir(tempfile.gettempdir()))
-    results = grade(src, write(root / "subs", subs), out, jobs=2, progress=False, limits=LIMITS)
-    left_behind = set(os.listdir(tempfile.gettempdir())) - before
+    # The grader's temporary folders go where TMPDIR says: here a folder of this run's own, so
+    # that what a grader or a suite beside this one leaves in /tmp is not counted against it.
+    own = Path(tempfile.mkdtemp(prefix="redteam-tmp-"))
+    own.chmod(0o755)  # as /tmp: the sandbox uids pass through it to their work folders
+    saved = tempfile.tempdir, os.environ.get("TMPDIR")
+    tempfile.tempdir, os.environ["TMPDIR"] = str(own), str(own)
+    try:
+        results = grade(src, write(root / "subs", subs), out, jobs=2, progress=False, limits=LIMITS)
+    finally:
+        tempfile.tempdir = saved[0]
+        os.environ.pop("TMPDIR") if saved[1] is None else os.environ.update(TMPDIR=saved[1])
+    left_behind = set(os.listdir(own))
+    own.rmdir()
     return results, out, left_behind
 
 

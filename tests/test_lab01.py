@@ -2,8 +2,9 @@
 
 The wrong answers are the ones a student would write (an off-by-one search, DistributedSampler
 wrapped, a sum that is never divided, the speedup against the wrong baseline, MiB for MB, ...).
-Each submission carries wrong answers for some questions and right ones for the others, so the
-test also shows that a wrong answer costs only its own question's points.
+The first wrong answer of each question is graded in two submissions, each wrong in every other
+question and right in the rest, so the test also shows that a wrong answer costs only its own
+question's points; the others are graded all at once (fewer submissions, a shorter suite).
 """
 
 from __future__ import annotations
@@ -235,8 +236,11 @@ UNGRADED = (
 )
 
 
+HALVES = 1  # variant 0 in two halves (wrong0a, wrong0b); the others one submission each
+
+
 def wrong_submissions() -> dict[str, dict[str, str]]:
-    return lab_grading.wrong_submissions(WRONG)
+    return lab_grading.wrong_submissions(WRONG, HALVES)
 
 
 def test_every_question_has_wrong_answers_that_differ_from_the_solution():
@@ -246,6 +250,14 @@ def test_every_question_has_wrong_answers_that_differ_from_the_solution():
         assert gid in solution and len(variants) >= 3, gid
     covered = {gid for sub in wrong_submissions().values() for gid in sub}
     assert covered == set(WRONG)
+    assert set(wrong_submissions()) == {
+        "wrong0a",
+        "wrong0b",
+        "wrong1",
+        "wrong2",
+        "wrong3",
+        "wrong4",
+    }
 
 
 def test_the_unfinished_student_version_says_what_to_do():
@@ -271,7 +283,9 @@ def graded(tmp_path_factory):
     the α-β benchmark and cost model), with one timing repeat and worlds of 1 and 2: the
     graded cells' figures are checked for form and against each other, never against a time."""
     tmp = tmp_path_factory.mktemp("lab01")
-    return lab_grading.grade_trimmed(LAB, STUDENT, WRONG, UNGRADED, tmp, overrides=FASTER)
+    return lab_grading.grade_trimmed(
+        LAB, STUDENT, WRONG, UNGRADED, tmp, halves=HALVES, overrides=FASTER
+    )
 
 
 @pytest.mark.slow
@@ -284,7 +298,7 @@ def test_the_solution_scores_every_automatic_point_and_the_unfinished_lab_none(g
 
 @pytest.mark.slow
 def test_each_plausible_wrong_answer_loses_its_points_and_only_those(graded):
-    lab_grading.assert_wrong_answers_lose_their_points(graded, WRONG, AUTO)
+    lab_grading.assert_wrong_answers_lose_their_points(graded, WRONG, AUTO, HALVES)
 
 
 @pytest.mark.slow

@@ -240,9 +240,7 @@ def test_every_question_has_wrong_answers_that_differ_from_the_solution():
         assert gid in solution and len(variants) >= 4, gid
         assert len({v.strip() for v in variants}) == len(variants), gid
         assert all(v.strip() != solution[gid].strip() for v in variants), gid
-    assert set(lab_grading.wrong_submissions(WRONG, mixed=False)) == {
-        f"wrong{v}" for v in range(10)
-    }
+    assert set(lab_grading.wrong_submissions(WRONG)) == {f"wrong{v}" for v in range(10)}
 
 
 def test_the_right_parts_of_the_wrong_answer_templates_are_the_solution():
@@ -270,7 +268,7 @@ def test_the_unfinished_student_version_says_what_to_do():
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lab03")
-    return lab_grading.grade_trimmed(LAB, STUDENT, WRONG, UNGRADED, tmp, mixed=False)
+    return lab_grading.grade_trimmed(LAB, STUDENT, WRONG, UNGRADED, tmp)
 
 
 @pytest.mark.slow
@@ -281,4 +279,4 @@ def test_the_solution_scores_every_automatic_point_and_the_unfinished_lab_none(g
 
 
 def test_each_plausible_wrong_answer_loses_its_points(graded):
-    lab_grading.assert_wrong_answers_lose_their_points(graded, WRONG, AUTO, mixed=False)
+    lab_grading.assert_wrong_answers_lose_their_points(graded, WRONG, AUTO)

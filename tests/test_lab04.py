@@ -309,7 +309,7 @@ def test_the_unfinished_student_version_says_what_to_do():
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lab04")
-    return lab_grading.grade_trimmed(LAB, STUDENT, WRONG, UNGRADED, tmp, mixed=False)
+    return lab_grading.grade_trimmed(LAB, STUDENT, WRONG, UNGRADED, tmp)
 
 
 @pytest.mark.slow
@@ -320,4 +320,4 @@ def test_the_solution_scores_every_automatic_point_and_the_unfinished_lab_none(g
 
 
 def test_each_plausible_wrong_answer_loses_its_points(graded):
-    lab_grading.assert_wrong_answers_lose_their_points(graded, WRONG, AUTO, mixed=False)
+    lab_grading.assert_wrong_answers_lose_their_points(graded, WRONG, AUTO)

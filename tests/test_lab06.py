@@ -190,7 +190,7 @@ def test_the_sweep_point_notebook_writes_what_it_measured(tmp_path):
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lab06")
-    return lab_grading.grade_trimmed(LAB, STUDENT, WRONG, UNGRADED, tmp, mixed=False)
+    return lab_grading.grade_trimmed(LAB, STUDENT, WRONG, UNGRADED, tmp)
 
 
 @pytest.mark.slow
@@ -201,4 +201,4 @@ def test_the_solution_scores_every_automatic_point_and_the_unfinished_lab_none(g
 
 
 def test_each_plausible_wrong_answer_loses_its_points(graded):
-    lab_grading.assert_wrong_answers_lose_their_points(graded, WRONG, AUTO, mixed=False)
+    lab_grading.assert_wrong_answers_lose_their_points(graded, WRONG, AUTO)
