@@ -301,7 +301,9 @@ def test_stop_button_interrupts_ranks_blocked_in_a_collective(server, browser):
     )
     elapsed = time.monotonic() - start
     page.screenshot(path=str(SHOTS / "6-stop-button-after.png"))
-    assert elapsed < 5, f"the stop button took {elapsed:.1f} s"
+    # what it protects: the stop button reaches ranks blocked in C++ at once, not at the launch's
+    # 600 s timeout; 15 s holds at a load of 4 on 2 cores (a few seconds on a quiet machine)
+    assert elapsed < 15, f"the stop button took {elapsed:.1f} s"
     assert not ranks_alive(kernel_pid)
     add_cell_and_run(page, "print(helpers.launch(lambda: dist.get_rank(), world_size=3))")
     wait_last_cell(page)

@@ -222,7 +222,9 @@ def test_a_skipped_collective_times_out_naming_ranks_op_shape_and_line():
     start = time.monotonic()
     with pytest.raises(LaunchTimeout) as info:
         helpers.launch(skip, world_size=3, timeout=2)
-    assert time.monotonic() - start < 2 + 5
+    # the hang is reported at the launch's own 2 s timeout, with the diagnosis, not at the 300 s
+    # default: 15 s for gathering every rank's state holds at a load of 4 on 2 cores
+    assert time.monotonic() - start < 2 + 15
     msg = str(info.value)
     assert "rank 0 returned while ranks 1, 2 wait in all_reduce" in msg
     assert "rank 1: blocked in all_reduce(float32[1]) #0 on world" in msg

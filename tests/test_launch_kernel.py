@@ -91,7 +91,9 @@ def test_interrupt_stops_ranks_blocked_in_a_collective_and_leaves_nothing(kernel
     )
     elapsed = time.monotonic() - seen["at"]
     assert r["status"] == "error" and r["error"]["ename"] == "KeyboardInterrupt"
-    assert elapsed < 5, f"interrupt took {elapsed:.1f} s"
+    # what it protects: the interrupt reaches ranks blocked in C++ at once, not at the launch's
+    # 600 s timeout; 15 s holds at a load of 4 on 2 cores (about 1 s on a quiet machine)
+    assert elapsed < 15, f"interrupt took {elapsed:.1f} s"
     left = [p for p in descendants(kernel.pid) if "helpers._worker" in " ".join(_cmd(p))]
     assert not left, f"ranks left behind: {[(p.pid, p.status()) for p in left]}"
     zombies = [p for p in descendants(kernel.pid) if _status(p) == psutil.STATUS_ZOMBIE]
