@@ -118,12 +118,17 @@ def _options(cell) -> defaultdict:
     return options
 
 
-def compare(reference: Path | str, executed: Path | str) -> list[str]:
-    """Every way ``executed`` (a papermill run of the notebook ``reference``) breaks what nbval
-    checks, one entry per cell, named as nbval names it (``path::Cell N``, code cells counted
-    from 0); [] if none. Caught: a cell that raised unexpectedly, or stopped at its time limit
-    (the check ends there, as the run did); a cell marked to raise that did not; a checked output
-    that differs from the committed one after sanitizing."""
+def compare(
+    reference: Path | str, executed: Path | str, parameters: dict | None = None
+) -> list[str]:
+    """Every way ``executed`` (`course run`'s papermill copy of the notebook ``reference``) breaks
+    what nbval checks, one entry per cell, named as nbval names it (``path::Cell N``, code cells
+    counted from 0); [] if none. Caught: a run that did not end well (a cell cut at its time
+    limit, a dead kernel: `course run` records it), a cell that raised unexpectedly or never
+    started (the check ends there, as the run did), a cell marked to raise that did not, a checked
+    output that differs from the committed one after sanitizing, a copy that is not a papermill
+    run of this code (or, given ``parameters``, was run with others). Only the
+    ``raises-exception`` tag lets a cell raise: papermill stops at a cell marked by comment."""
     import nbformat
 
     from course.record import normalise
@@ -132,38 +137,41 @@ def compare(reference: Path | str, executed: Path | str) -> list[str]:
         return [f"{reference}: no executed copy at {executed} (run it with `course run` first)"]
     ref = nbformat.read(reference, as_version=4)
     run = nbformat.read(executed, as_version=4)
-    # what papermill recorded of each cell (pending: never reached), before normalise drops it
-    status = [
-        c.metadata.get("papermill", {}).get("status")
-        for c in run.cells
-        if c.cell_type == "code"
-        and "injected-parameters" not in c.metadata.get("tags", [])
-        and "papermill-error-cell-tag" not in c.metadata.get("tags", [])
+    meta = run.metadata.get("papermill")
+    if meta is None:
+        return [f"{reference}: {executed} was not executed by `course run` (papermill)"]
+    if parameters is not None and meta.get("parameters") != parameters:
+        return [f"{reference}: {executed} ran with {meta.get('parameters')}, not {parameters}"]
+    problems = []
+    ended = run.metadata.get("course_run", {})
+    if not ended.get("ok", True):
+        problems.append(f"{reference}: its run failed: {ended.get('error') or 'no reason given'}")
+    # what papermill recorded of each cell, before normalise drops it
+    kept = [c for c in run.cells if "papermill-error-cell-tag" not in c.metadata.get("tags", [])]
+    started = [
+        c.metadata.get("papermill", {}).get("start_time") is not None
+        for c in kept
+        if c.cell_type == "code" and "injected-parameters" not in c.metadata.get("tags", [])
     ]
-    run.cells = [
-        c for c in run.cells if "papermill-error-cell-tag" not in c.metadata.get("tags", [])
-    ]
+    run.cells = kept
     run = normalise(run)  # the injected parameters cell goes, paths as recorded
     want_cells = [c for c in ref.cells if c.cell_type == "code"]
     got_cells = [c for c in run.cells if c.cell_type == "code"]
     if [c.source for c in want_cells] != [c.source for c in got_cells]:
         return [f"{reference}: {executed} is a run of other code (run the notebook again)"]
     comparison = _Comparison(dict(get_sanitize_patterns(SANITIZE.read_text())))
-    problems = []
-    for num, (want, got, state) in enumerate(zip(want_cells, got_cells, status, strict=True)):
+    for num, (want, got, began) in enumerate(zip(want_cells, got_cells, started, strict=True)):
         where = f"{reference}::Cell {num}"
         options = _options(want)
         errors = [o for o in got.outputs if o.get("output_type") == "error"]
-        if options["skip"]:
-            continue
-        if state == "pending" or (state == "failed" and not errors):
-            problems.append(
-                f"{where}: did not finish (stopped at its time limit, or never reached)"
-            )
+        if not began:
+            problems.append(f"{where}: never started (the run stopped before it)")
             break
         if errors and not options["check_exception"]:
             problems.append(f"{where}: raised {errors[0].ename}: {errors[0].evalue}"[:3000])
             break  # papermill stopped here: the cells below never ran
+        if options["skip"]:  # nbval would not run it; papermill did, and it ran cleanly
+            continue
         if options["check_exception"] and not errors:
             problems.append(
                 f"{where}: marked to raise an exception (raises-exception) but raised nothing"
@@ -179,17 +187,18 @@ def compare(reference: Path | str, executed: Path | str) -> list[str]:
 
 
 def check_executed(build: Path | str, paths: list[str] | None = None) -> int:
-    """`course check --executed BUILD`: compare a `course run` output folder with the committed
-    notebooks (default: the whole syllabus) without executing anything; 0 if all hold."""
-    entries = load_syllabus()
-    chosen = [Path(p).resolve() for p in paths] if paths else [e.path for e in entries]
+    """`course check --executed BUILD`: compare a `course run` output folder (quick profile) with
+    the committed notebooks (default: the whole syllabus) without executing anything; 0 if all
+    hold."""
+    from course.run import output_path, select
+
+    entries = select(load_syllabus(), paths)
     failed = 0
-    for path in chosen:
-        rel = path.relative_to(REPO) if path.is_relative_to(REPO) else Path(path.name)
-        problems = compare(path, Path(build) / rel)
+    for entry in entries:
+        problems = compare(entry.path, output_path(entry.path, build), entry.parameters("quick"))
         failed += bool(problems)
-        print(f"{'FAILED' if problems else 'ok':6}  {rel}")
+        print(f"{'FAILED' if problems else 'ok':6}  {entry.path.relative_to(REPO)}")
         for problem in problems:
             print("        " + problem.replace("\n", "\n        "))
-    print(f"{len(chosen)} notebooks checked against {build}, {failed} failed")
+    print(f"{len(entries)} notebooks checked against {build}, {failed} failed")
     return int(failed > 0)

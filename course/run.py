@@ -44,8 +44,7 @@ def execute(entry: Entry, profile: str, out_dir: Path, kernel: str = KERNEL_NAME
     """Run one notebook with papermill; never raises for a notebook that fails, records it."""
     import papermill
 
-    rel = entry.path.relative_to(REPO) if entry.path.is_relative_to(REPO) else Path(entry.path.name)
-    output = out_dir / rel
+    output = output_path(entry.path, out_dir)
     output.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     ok, error = True, ""
@@ -69,8 +68,27 @@ def execute(entry: Entry, profile: str, out_dir: Path, kernel: str = KERNEL_NAME
         else:
             error = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     seconds = time.perf_counter() - start
+    if output.exists():
+        stamp(output, profile, ok, error)
     page = to_html(output) if output.exists() else None
     return RunResult(entry, output, page, seconds, ok, error)
+
+
+def output_path(notebook: Path, out_dir: Path) -> Path:
+    """Where `course run` writes the executed copy of ``notebook``: its place in the repository,
+    under ``out_dir``."""
+    rel = notebook.relative_to(REPO) if notebook.is_relative_to(REPO) else Path(notebook.name)
+    return Path(out_dir) / rel
+
+
+def stamp(output: Path, profile: str, ok: bool, error: str) -> None:
+    """Record in the executed notebook how its run ended. papermill alone cannot tell: a cell cut
+    at its time limit, or a kernel that died, is marked "completed" like any other cell."""
+    import nbformat
+
+    nb = nbformat.read(output, as_version=4)
+    nb.metadata["course_run"] = {"profile": profile, "ok": ok, "error": error}
+    nbformat.write(nb, output)
 
 
 def only_expected_errors(output: Path) -> bool:

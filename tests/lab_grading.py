@@ -22,7 +22,11 @@ def wrong_submissions(wrong: dict, halves: int = 0) -> dict[str, dict[str, str]]
     elsewhere is seen not to cost its points). The first ``halves`` variants are instead split
     in two submissions, ``wrong{v}a`` and ``wrong{v}b``, each wrong in every other question and
     right in the rest: a wrong answer must cost only its own points. Every variant is graded
-    once, in as few submissions as that allows (grading a class is most of the suite's time)."""
+    once, in as few submissions as that allows (grading a class is most of the suite's time).
+    The price: in a submission wrong everywhere, a wrong answer that broke what another
+    question's test relies on would hide whether that question's own wrong answer is caught;
+    the halves, and the last submissions where short lists of variants have run out, show
+    the questions' tests independent of each other."""
     subs = {}
     order = list(wrong)
     most = max(len(variants) for _, variants in wrong.values())

@@ -57,36 +57,31 @@ def test_course_check(name, tmp_path):
         assert "marked to raise an exception (raises-exception) but raised nothing" in proc.stdout
 
 
-def ran(cell, status="completed"):
-    """``cell`` as papermill leaves it: its status in the cell's metadata."""
-    cell = nbformat.from_dict(cell)
-    cell.metadata["papermill"] = {"status": status}
-    return cell
-
-
-def executed_copy(nb, outputs=None, status="completed"):
-    """``nb`` as `course run` writes it: papermill's parameters cell injected, statuses, outputs."""
+def executed_copy(nb, outputs=None, started=True, ended=None):
+    """``nb`` as `course run` writes it: papermill's parameters cell injected and its record of
+    each cell (``started``: every cell began), outputs, and how the run ended (``ended``)."""
     out = nbformat.from_dict(nb)
-    cells = [ran(c, status) for c in out.cells]
-    for cell, new in zip(cells, outputs or [], strict=False):
-        cell.outputs = new
+    for i, cell in enumerate(out.cells):
+        cell.metadata["papermill"] = {"start_time": "2026-01-01T00:00:00" if started else None}
+        if outputs is not None:
+            cell.outputs = outputs[i]
     injected = new_code_cell("x = 1", metadata={"tags": ["injected-parameters"]})
-    out.cells = [injected, *cells]
+    out.cells = [injected, *out.cells]
+    out.metadata["papermill"] = {"parameters": {"x": 1}}
+    if ended is not None:
+        out.metadata["course_run"] = ended
     return out
 
 
-COMPARE = {  # name: (reference, executed copy, the words of the problem reported or None)
+STDOUT_6 = [[new_output("stream", name="stdout", text="6\n")]]
+COMPARE = {  # name: (reference, how the executed copy differs, the problem reported or None)
     "same": (notebook("print(2 + 3)", "5\n", CHECK), {}, None),
     "checked-output-changed": (
         notebook("print(2 + 3)", "5\n", CHECK),
-        {"outputs": [[new_output("stream", name="stdout", text="6\n")]]},
-        "Cell 0: checked output differs",
+        {"outputs": STDOUT_6},
+        "::Cell 0: checked output differs",
     ),
-    "unchecked-output-changed": (
-        notebook("print(2 + 3)", "5\n", {}),
-        {"outputs": [[new_output("stream", name="stdout", text="6\n")]]},
-        None,
-    ),
+    "unchecked-output-changed": (notebook("print(2 + 3)", "5\n", {}), {"outputs": STDOUT_6}, None),
     "timing-sanitized": (
         notebook("print(t)", "took 0.5 s at 1.1 GB/s\n", CHECK),
         {"outputs": [[new_output("stream", name="stdout", text="took 0.731 s at 3.2 GB/s\n")]]},
@@ -97,26 +92,25 @@ COMPARE = {  # name: (reference, executed copy, the words of the problem reporte
         {
             "outputs": [
                 [new_output("error", ename="ZeroDivisionError", evalue="boom", traceback=[])]
-            ],
-            "status": "failed",
+            ]
         },
-        "Cell 0: raised ZeroDivisionError: boom",
+        "::Cell 0: raised ZeroDivisionError: boom",
     ),
     "raised-as-marked": (notebook("raise ValueError('x')", None, RAISES, error=True), {}, None),
     "marked-but-raised-nothing": (
         notebook("x = 1", None, RAISES, error=True),
         {"outputs": [[]]},
-        "marked to raise an exception (raises-exception) but raised nothing",
+        "::Cell 0: marked to raise an exception (raises-exception) but raised nothing",
     ),
-    "stopped-at-time-limit": (
+    "the-run-failed": (  # a cell cut at its time limit: papermill marks it completed
         notebook("print(2 + 3)", "5\n", CHECK),
-        {"outputs": [[]], "status": "failed"},
-        "Cell 0: did not finish",
+        {"ended": {"ok": False, "error": "Cell execution timed out"}},
+        ": its run failed: Cell execution timed out",
     ),
-    "never-reached": (
+    "never-started": (
         notebook("print(2 + 3)", "5\n", CHECK),
-        {"outputs": [[]], "status": "pending"},
-        "Cell 0: did not finish",
+        {"outputs": [[]], "started": False},
+        "::Cell 0: never started",
     ),
 }
 
@@ -129,21 +123,27 @@ def test_course_check_of_an_executed_copy_applies_nbvals_rules(name, tmp_path):
     (tmp_path / "build").mkdir()
     nbformat.write(reference, tmp_path / "nb.ipynb")
     nbformat.write(executed_copy(reference, **change), tmp_path / "build" / "nb.ipynb")
-    found = compare(tmp_path / "nb.ipynb", tmp_path / "build" / "nb.ipynb")
+    found = compare(tmp_path / "nb.ipynb", tmp_path / "build" / "nb.ipynb", {"x": 1})
     if problem is None:
         assert found == []
     else:
-        assert len(found) == 1 and problem in found[0], found
-        assert found[0].startswith(f"{tmp_path / 'nb.ipynb'}::Cell 0")
+        assert found == [f"{tmp_path / 'nb.ipynb'}{problem}"] or (
+            len(found) == 1 and found[0].startswith(f"{tmp_path / 'nb.ipynb'}{problem}")
+        ), found
 
 
-def test_course_check_of_an_executed_copy_refuses_a_run_of_other_code(tmp_path):
+def test_course_check_of_an_executed_copy_refuses_what_is_not_this_run(tmp_path):
+    """Not a run of this code, not a run at all (a copy of the committed notebook), another
+    profile's parameters, no copy."""
     reference = notebook("print(2 + 3)", "5\n", CHECK)
-    other = executed_copy(notebook("print(2 + 4)", "5\n", CHECK))
     nbformat.write(reference, tmp_path / "a.ipynb")
-    nbformat.write(other, tmp_path / "b.ipynb")
-    assert "is a run of other code" in compare(tmp_path / "a.ipynb", tmp_path / "b.ipynb")[0]
-    assert "no executed copy" in compare(tmp_path / "a.ipynb", tmp_path / "nope.ipynb")[0]
+    nbformat.write(executed_copy(notebook("print(2 + 4)", "5\n", CHECK)), tmp_path / "b.ipynb")
+    nbformat.write(executed_copy(reference), tmp_path / "c.ipynb")
+    a = tmp_path / "a.ipynb"
+    assert "is a run of other code" in compare(a, tmp_path / "b.ipynb")[0]
+    assert "was not executed by `course run`" in compare(a, a)[0]
+    assert "ran with {'x': 1}, not {'x': 2}" in compare(a, tmp_path / "c.ipynb", {"x": 2})[0]
+    assert "no executed copy" in compare(a, tmp_path / "nope.ipynb")[0]
 
 
 def test_record_normalises_counts_paths_and_papermill_traces():

@@ -120,7 +120,32 @@ def test_a_failing_notebook_is_reported_and_fails_the_run(tmp_path):
     assert result.output.exists() and result.html.exists()
     # and the check of that run names the cell that failed (code cells counted from 0)
     problems = compare(path, result.output)
-    assert problems == [f"{path}::Cell 1: raised ZeroDivisionError: division by zero"]
+    assert problems == [
+        f"{path}: its run failed: {result.error}",
+        f"{path}::Cell 1: raised ZeroDivisionError: division by zero",
+    ]
+
+
+def test_a_cell_cut_at_its_time_limit_fails_the_check(tmp_path):
+    """papermill marks a timed-out cell "completed", like any other: `course run` records how
+    the run ended, and the check refuses it, even when the cut cell is the last one."""
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    from course.check import compare
+    from course.kernel import KERNELSPEC
+    from course.run import execute
+    from course.syllabus import Entry
+
+    nb = new_notebook(
+        cells=[new_code_cell("x = 1"), new_code_cell("import time\ntime.sleep(60)")],
+        metadata={"kernelspec": KERNELSPEC},
+    )
+    path = tmp_path / "slow.ipynb"
+    nbformat.write(nb, path)
+    result = execute(Entry(path, "slow", "lecture", 1), "quick", tmp_path / "build")  # 3 s a cell
+    assert not result.ok
+    problems = compare(path, result.output)
+    assert problems and problems[0].startswith(f"{path}: its run failed: "), problems
 
 
 def test_a_notebook_outside_the_syllabus_is_refused():

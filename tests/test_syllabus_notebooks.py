@@ -30,3 +30,16 @@ def test_recorded_with_its_checks(entry):
             assert all(o.get("output_type") != "error" for o in cell.outputs), cell.source[:80]
         if entry.kind == "lecture" and "assert" in cell.source:  # a check against theory: shown
             assert cell.outputs, cell.source[:80]
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.path.name)
+def test_the_quick_profile_is_the_notebooks_own_defaults(entry):
+    """The suite checks the syllabus as `course run` executes it, with the quick profile injected;
+    a student runs the notebook with its own parameters cell. They must be the same run, or the
+    committed outputs would be checked against a run no student makes."""
+    nb = nbformat.read(entry.path, as_version=4)
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    defaults: dict = {}
+    exec(cell.source, defaults)  # plain assignments (papermill's convention)
+    quick = entry.parameters("quick")
+    assert {k: defaults.get(k, "<missing>") for k in quick} == quick
