@@ -100,7 +100,10 @@ class Kernel:
                 data.append(content["data"])
             elif kind == "status" and content["execution_state"] == "idle":
                 break
-        reply = self.kc.get_shell_msg(timeout=10)
+        while True:  # this request's own reply: a late reply to an earlier one is not it
+            reply = self.kc.get_shell_msg(timeout=60)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                break
         status = reply["content"]["status"]
         return {"status": status, "streams": streams, "error": error, "data": data}
 
