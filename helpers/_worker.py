@@ -1,6 +1,6 @@
-"""One rank of a ``helpers.launch`` pool: a fresh interpreter (never a fork of the kernel).
+"""One rank of a ``helpers.launch`` pool: forked by the rank server (never a fork of the kernel).
 
-It imports torch once, joins the process group, then runs the functions the launcher ships to
+The rank server (``helpers._rankserver``) imported torch once; each rank joins the process group, then runs the functions the launcher ships to
 it until told to stop. Protocol, over two socket pairs passed as file descriptors:
   task: parent -> ("port", p) | ("task", id, payload, opts) | ("stop",)
         rank   -> ("port", p) [rank 0] | ("ready", info) | ("setup_error", err)
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import faulthandler
 import io
-import json
 import os
 import random
 import signal
@@ -119,7 +118,7 @@ def snapshot() -> dict:
 
 
 def monitor(diag: Connection, parent_pid: int) -> None:
-    """Answer snapshot requests; end this rank if the kernel that owns it is gone."""
+    """Answer snapshot requests; end this rank if its rank server (and so the kernel) is gone."""
     while True:
         if os.getppid() != parent_pid:
             os._exit(70)
@@ -224,8 +223,8 @@ def run_task(task_id: int, payload: bytes, opts: dict, rng: tuple):
     return reply
 
 
-def main() -> None:
-    cfg = json.loads(sys.argv[1])
+def main(cfg: dict) -> None:
+    """Be rank ``cfg["rank"]`` until told to stop (called in a child of the rank server)."""
     faulthandler.enable()  # a segfault prints the Python stack on stderr
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the parent's last-resort stack dump
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when ranks stop
@@ -285,7 +284,3 @@ def main() -> None:
         task.send((*reply, dirty))
     flush_all()
     os._exit(0)
-
-
-if __name__ == "__main__":
-    main()

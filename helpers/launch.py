@@ -2,16 +2,16 @@
 
 ``launch(fn, *args, world_size=N)`` ships ``fn`` by value (cloudpickle) to N worker processes
 that already joined one process group, streams their output into the cell with a ``[rank k]``
-prefix, and returns the N return values in rank order. Workers are fresh interpreters, never
-forks of the kernel, so CUDA in the notebook does no harm; they stay warm between launches, so
-a repeated launch costs milliseconds. Failures, hard deaths, hangs and interrupts stop every
+prefix, and returns the N return values in rank order. Workers are forked by a rank server, a
+fresh interpreter that imported torch once (never a fork of the kernel, so CUDA in the notebook
+does no harm): a new world starts in a fraction of a second. They stay warm between launches,
+so a repeated launch costs milliseconds. Failures, hard deaths, hangs and interrupts stop every
 rank and raise one exception that says which rank and why. Introduced in lecture 01.
 """
 
 from __future__ import annotations
 
 import atexit
-import json
 import math
 import os
 import pickle
@@ -25,7 +25,7 @@ import time
 from collections import OrderedDict
 from multiprocessing.connection import Connection
 
-from helpers import _pickling, diagnose
+from helpers import _pickling, _rankserver, diagnose
 from helpers._worker import end_marker
 from helpers.errors import (
     LaunchError,
@@ -45,6 +45,7 @@ MAX_POOLS = 3  # warm pools kept (one per world_size/backend/threads), least rec
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _pools: OrderedDict = OrderedDict()
+_server: _rankserver.Server | None = None
 _lock = threading.RLock()
 
 
@@ -115,10 +116,14 @@ def launch(
 
 
 def shutdown() -> None:
-    """Stop every worker the launcher keeps; no process is left behind."""
+    """Stop every worker the launcher keeps, and the rank server; no process is left behind."""
+    global _server
     with _lock:
         for pool in list(_pools.values()):
             _retire(pool)
+        if _server is not None and _server.owner == os.getpid():
+            _server.close()
+        _server = None
 
 
 atexit.register(shutdown)
@@ -157,9 +162,10 @@ def _get_pool(world_size: int, backend: str, threads: int):
             pool.kill()  # a rank died while idle: replace the pool transparently
         pool = None
     if pool is None:
+        server = _rank_server()
         while len(_pools) >= MAX_POOLS:
             _retire(next(iter(_pools.values())))
-        pool = _Pool(world_size, backend, threads)
+        pool = _Pool(world_size, backend, threads, server)
         _pools[key] = pool
         pool.start()
         if oversubscribed(world_size, threads):
@@ -167,6 +173,40 @@ def _get_pool(world_size: int, backend: str, threads: int):
             print(oversubscribed_notice(world_size, threads), flush=True)
     _pools.move_to_end(key)
     return pool
+
+
+def _rank_server() -> _rankserver.Server:
+    """The kernel's rank server, started (again) when there is none, it died, or the kernel's
+    environment changed since it started: ranks see the environment as it is when they start,
+    as fresh interpreters would (some libraries read it only on import)."""
+    global _server
+    env = dict(os.environ)
+    if _server is not None and (
+        _server.owner != os.getpid() or not _server.alive() or _server.source != env
+    ):
+        if _server.owner == os.getpid():
+            for pool in list(_pools.values()):
+                _retire(pool)  # their ranks are the old server's children
+            _server.close()
+        _server = None
+    if _server is None:
+        _server = _rankserver.Server(_server_env(env), source=env, start_timeout=START_TIMEOUT)
+    return _server
+
+
+def _server_env(env: dict) -> dict:
+    """The environment every rank inherits; each rank adds its own variables (``_Pool._spawn``)."""
+    env = dict(env)
+    env.update(
+        PYTHONUNBUFFERED="1",
+        # The kernel's inline backend exists only inside a Jupyter kernel.
+        MPLBACKEND="Agg",
+        PYTHONPATH=os.pathsep.join(filter(None, [PACKAGE_ROOT, env.get("PYTHONPATH")])),
+        # Thread pools are sized when torch loads; each rank sets its own budget (world.py).
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+    )
+    return env
 
 
 def oversubscribed_notice(world_size: int, threads: int) -> str:
@@ -247,11 +287,12 @@ class _Printer:
 class _Pool:
     """N warm ranks sharing one process group, owned by the process that started them."""
 
-    def __init__(self, world_size: int, backend: str, threads: int):
+    def __init__(self, world_size: int, backend: str, threads: int, server: _rankserver.Server):
         self.key = (world_size, backend, threads)
         self.world_size, self.backend, self.threads = world_size, backend, threads
+        self.server = server
         self.owner = os.getpid()
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list[_rankserver.RankProcess] = []
         self.tasks: list[Connection] = []
         self.diags: list[Connection] = []
         self.task_id = 0
@@ -269,11 +310,9 @@ class _Pool:
             "threads": self.threads,
             "task_fd": task_child.fileno(),
             "diag_fd": diag_child.fileno(),
-            "parent_pid": os.getpid(),
             "start_timeout": START_TIMEOUT,
         }
-        env = dict(os.environ)
-        env.update(
+        env = dict(
             RANK=str(rank),
             LOCAL_RANK=str(rank),
             WORLD_SIZE=str(self.world_size),
@@ -281,22 +320,12 @@ class _Pool:
             HELPERS_LAUNCH_RANK=str(rank),
             OMP_NUM_THREADS=str(self.threads),
             MKL_NUM_THREADS=str(self.threads),
-            PYTHONUNBUFFERED="1",
-            # The kernel's inline backend exists only inside a Jupyter kernel.
-            MPLBACKEND="Agg",
-            PYTHONPATH=os.pathsep.join(filter(None, [PACKAGE_ROOT, env.get("PYTHONPATH")])),
         )
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "helpers._worker", json.dumps(cfg)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            pass_fds=(task_child.fileno(), diag_child.fileno()),
-            start_new_session=True,  # its own process group: killed as a unit, with its children
-            env=env,
-        )
-        task_child.close()
-        diag_child.close()
+        try:
+            proc = self.server.spawn(cfg, env)
+        finally:
+            task_child.close()
+            diag_child.close()
         self.procs.append(proc)
         self.tasks.append(Connection(task_parent.detach()))
         self.diags.append(Connection(diag_parent.detach()))

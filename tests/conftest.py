@@ -60,9 +60,18 @@ def workers() -> list[psutil.Process]:
 
 def _is_worker(p: psutil.Process) -> bool:
     try:
-        return "helpers._worker" in " ".join(p.cmdline())
+        return is_rank(p)
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return True  # a zombie is exactly what we look for
+
+
+def is_rank(p: psutil.Process) -> bool:
+    """A launcher rank: a fork of the rank server, named helpers-rank<k> (helpers._rankserver)."""
+    return p.name().startswith("helpers-rank")
+
+
+def is_rank_server(p: psutil.Process) -> bool:
+    return p.name() == "helpers-server"
 
 
 class Kernel:

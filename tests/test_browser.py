@@ -25,6 +25,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import is_rank
 
 REPO = Path(__file__).resolve().parent.parent
 SHOTS = REPO / "build" / "screenshots"
@@ -197,11 +198,7 @@ def last_output(page) -> str:
 
 def ranks_alive(kernel_pid: int) -> list:
     """Launcher ranks under this notebook's kernel (other kernels keep their own warm pools)."""
-    return [
-        p
-        for p in psutil.Process(kernel_pid).children(recursive=True)
-        if "helpers._worker" in " ".join(p.cmdline())
-    ]
+    return [p for p in psutil.Process(kernel_pid).children(recursive=True) if is_rank(p)]
 
 
 def test_lecture_01_in_the_browser(server, browser):

@@ -352,8 +352,8 @@ def test_ranks_run_inside_the_sandbox_and_a_stuck_submission_hits_the_budget(
     )
     leftovers = [
         p
-        for p in psutil.process_iter(["cmdline", "create_time", "ppid", "uids"])
-        if "helpers._worker" in " ".join(p.info["cmdline"] or [])
+        for p in psutil.process_iter(["name", "create_time", "ppid", "uids"])
+        if (p.info["name"] or "").startswith(("helpers-rank", "helpers-server"))
         and p.info["create_time"] >= started - 1
         and p.info["ppid"] != os.getpid()
         and p.info["uids"].real in ours

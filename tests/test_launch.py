@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import REPO, descendants, workers
+from conftest import REPO, descendants, is_rank, is_rank_server, workers
 
 import helpers
 from helpers import LaunchError, LaunchTimeout, RankDied, RankError
@@ -542,5 +542,111 @@ def test_launch_inside_a_launched_rank_is_refused():
 
 def test_the_launcher_never_forks_this_process():
     helpers.launch(rank_sum, world_size=2)
-    for p in descendants():
-        assert p.cmdline()[1:3] == ["-m", "helpers._worker"], p.cmdline()
+    (server,) = [p for p in descendants() if p.ppid() == os.getpid()]
+    # a fresh interpreter (not a fork of this process: its command line would be pytest's) ...
+    assert server.cmdline()[1:2] == ["-c"] and "_rankserver" in server.cmdline()[2]
+    assert is_rank_server(server)
+    # ... and every rank is a fork of it
+    ranks = server.children()
+    assert sorted(p.name() for p in ranks) == ["helpers-rank0", "helpers-rank1"]
+    assert [p for p in descendants() if p not in [server, *ranks]] == []
+
+
+def test_a_new_world_starts_without_importing_torch_again():
+    """The rank server imported torch once: a new world is forked from it, in well under the
+    ~2 s of CPU a fresh interpreter spends on `import torch` (measured: ~0.1 s for 4 ranks)."""
+    helpers.launch(rank_sum, world_size=2)  # the server is up
+    helpers.shutdown()  # ... and gone: the next launch starts it again
+    helpers.launch(rank_sum, world_size=2)
+    (server,) = [p for p in descendants() if is_rank_server(p)]
+    cpu = server.cpu_times()
+    started = time.perf_counter()
+    assert helpers.launch(rank_sum, world_size=3) == [6, 6, 6]
+    assert helpers.launch(rank_sum, world_size=4) == [10, 10, 10, 10]
+    new_worlds = time.perf_counter() - started
+    ranks = [p for p in descendants() if is_rank(p)]
+    assert all(p.ppid() == server.pid for p in ranks)
+    # two new worlds (7 ranks, each importing torch would be ~14 s of CPU) cost the server only
+    # forks; generous bound for a loaded machine, still far below one torch import per rank
+    assert server.cpu_times().user - cpu.user < 1.0
+    assert new_worlds < 7.0, f"two new worlds took {new_worlds:.1f} s"
+
+
+def _seeds():
+    import random
+
+    import numpy
+
+    return torch.initial_seed(), random.random(), float(numpy.random.rand())
+
+
+def test_forked_ranks_are_seeded_like_fresh_interpreters():
+    # each rank of a fresh interpreter draws its own seeds from the OS; a fork of the server
+    # must not share the server's (then every rank's "random" init would be the same)
+    helpers.shutdown()
+    first = helpers.launch(_seeds, world_size=3)
+    helpers.shutdown()
+    second = helpers.launch(_seeds, world_size=3)
+    for i in range(3):
+        values = [rank[i] for rank in first + second]
+        assert len(set(values)) == 6, values
+
+
+def test_ranks_see_the_environment_as_it_is_when_they_start(monkeypatch):
+    def read():
+        return os.environ.get("HELPERS_TEST_SETTING")
+
+    monkeypatch.setenv("HELPERS_TEST_SETTING", "a")
+    assert helpers.launch(read, world_size=2) == ["a", "a"]
+    (server,) = [p for p in descendants() if is_rank_server(p)]
+    monkeypatch.setenv("HELPERS_TEST_SETTING", "b")
+    # a new world after a change: a new server (some libraries read the environment on import)
+    assert helpers.launch(read, world_size=3) == ["b", "b", "b"]
+    assert not server.is_running() or server.status() == "zombie"
+    # the warm world of the old environment was retired with its server
+    assert helpers.launch(read, world_size=2) == ["b", "b"]
+    assert len([p for p in descendants() if is_rank_server(p)]) == 1
+
+
+def test_without_fork_each_rank_is_a_fresh_interpreter(tmp_path):
+    """HELPERS_RANK_START=spawn (the default off Linux, where forking after `import torch` is not
+    safe): the same launcher, each rank started as a new interpreter by the server."""
+    script = tmp_path / "spawned.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os, psutil, torch, torch.distributed as dist
+            import helpers
+            from helpers import RankDied, RankError
+
+            def info():
+                t = torch.ones(1)
+                dist.all_reduce(t)
+                me = psutil.Process()
+                return t.item(), torch.initial_seed(), me.name(), me.cmdline()[2]
+
+            got = helpers.launch(info, world_size=3)
+            assert [g[0] for g in got] == [3.0] * 3, got
+            assert len({g[1] for g in got}) == 3, got  # seeded from the OS, each its own
+            assert [g[2] for g in got] == ["helpers-rank0", "helpers-rank1", "helpers-rank2"]
+            # a new interpreter (a fork would show the server's command line: s.serve(...))
+            assert all("s.spawned(" in g[3] for g in got), got
+            try:
+                helpers.launch(lambda: 1 / 0, world_size=2)
+            except RankError as exc:
+                assert "ZeroDivisionError" in str(exc)
+            try:
+                helpers.launch(lambda: os._exit(3) if dist.get_rank() else 0, world_size=2)
+            except RankDied as exc:
+                assert "exit code 3" in str(exc), exc
+            helpers.shutdown()
+            assert psutil.Process().children(recursive=True) == []
+            print("spawned ok")
+            """
+        )
+    )
+    env = dict(os.environ, HELPERS_RANK_START="spawn", PYTHONPATH=str(REPO))
+    run = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240
+    )
+    assert run.returncode == 0 and "spawned ok" in run.stdout, run.stdout + run.stderr

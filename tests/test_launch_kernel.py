@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import psutil
-from conftest import descendants
+from conftest import descendants, is_rank, is_rank_server
 
 SETUP = """
 import os, time, torch, torch.distributed as dist
@@ -94,7 +94,7 @@ def test_interrupt_stops_ranks_blocked_in_a_collective_and_leaves_nothing(kernel
     # what it protects: the interrupt reaches ranks blocked in C++ at once, not at the launch's
     # 600 s timeout; 15 s holds at a load of 4 on 2 cores (about 1 s on a quiet machine)
     assert elapsed < 15, f"interrupt took {elapsed:.1f} s"
-    left = [p for p in descendants(kernel.pid) if "helpers._worker" in " ".join(_cmd(p))]
+    left = [p for p in descendants(kernel.pid) if _rank(p)]
     assert not left, f"ranks left behind: {[(p.pid, p.status()) for p in left]}"
     zombies = [p for p in descendants(kernel.pid) if _status(p) == psutil.STATUS_ZOMBIE]
     assert not zombies
@@ -107,7 +107,7 @@ def test_shutdown_leaves_no_process_under_the_kernel(kernel):
     kernel.execute(
         "helpers.launch(lambda: None, world_size=2); helpers.launch(lambda: None, world_size=3)"
     )
-    assert len([p for p in descendants(kernel.pid) if "helpers._worker" in " ".join(_cmd(p))]) == 5
+    assert len([p for p in descendants(kernel.pid) if _rank(p)]) == 5
     kernel.execute("helpers.shutdown()")
     assert descendants(kernel.pid) == []  # no rank, and no zombie waiting to be reaped
 
@@ -115,18 +115,20 @@ def test_shutdown_leaves_no_process_under_the_kernel(kernel):
 def test_killing_the_kernel_takes_its_ranks_with_it(kernel):
     kernel.execute(SETUP)
     kernel.execute("helpers.launch(lambda: None, world_size=2)")
-    ranks = [p for p in descendants(kernel.pid) if "helpers._worker" in " ".join(_cmd(p))]
+    ranks = [p for p in descendants(kernel.pid) if _rank(p)]
     assert len(ranks) == 2
+    servers = [p for p in descendants(kernel.pid) if is_rank_server(p)]
+    assert len(servers) == 1
     psutil.Process(kernel.pid).kill()  # no atexit, no finaliser: the ranks notice on their own
-    gone, alive = psutil.wait_procs(ranks, timeout=5)
+    gone, alive = psutil.wait_procs(ranks + servers, timeout=5)
     assert not alive, f"orphans: {[p.pid for p in alive]}"
 
 
-def _cmd(p):
+def _rank(p):
     try:
-        return p.cmdline()
+        return is_rank(p)
     except psutil.Error:
-        return []
+        return False
 
 
 def _status(p):
