@@ -13,7 +13,7 @@ from pathlib import Path
 
 import nbformat
 
-from course.kernel import KERNEL_NAME
+from course.kernel import KERNEL_NAME, guard_missed_wakeups
 from course.syllabus import REPO
 
 
@@ -47,6 +47,7 @@ def record(path: Path | str, parameters: dict | None = None, timeout: int = 600)
 
     from course.run import only_expected_errors
 
+    guard_missed_wakeups()
     path = Path(path).resolve()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / path.name

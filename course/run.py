@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from course.kernel import KERNEL_NAME
+from course.kernel import KERNEL_NAME, guard_missed_wakeups
 from course.syllabus import REPO, Entry, load_syllabus
 
 
@@ -44,6 +44,7 @@ def execute(entry: Entry, profile: str, out_dir: Path, kernel: str = KERNEL_NAME
     """Run one notebook with papermill; never raises for a notebook that fails, records it."""
     import papermill
 
+    guard_missed_wakeups()
     output = output_path(entry.path, out_dir)
     output.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()

@@ -253,6 +253,10 @@ def _run(job: dict, emit, nb, probes: dict, timeout_output) -> None:
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionComplete, CellTimeoutError, DeadKernelError
 
+    from course.kernel import guard_missed_wakeups
+
+    guard_missed_wakeups()
+
     class Client(NotebookClient):
         published = None  # a list while a probe's values are being read back
         total_bytes = 0  # output kept, all cells

@@ -11,4 +11,8 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 .venv/bin/ruff check helpers course tests benchmarks
 .venv/bin/ruff format --check helpers course tests benchmarks
-exec .venv/bin/python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadfile --durations=25 "$@"
+# --no-loadscope-reorder: xdist would otherwise hand out the files with the most tests first,
+# not the longest ones (tests/conftest.py LONGEST_FIRST), and the syllabus's one long run would
+# start late and finish last.
+exec .venv/bin/python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder \
+    --durations=25 "$@"

@@ -1,0 +1,236 @@
+"""Findings: say only what the measurements allow, printed from the run, never typed.
+
+A number measured on a shared 2-core machine moves every time the notebook is run again, and a
+sentence typed beside it does not. So a comparison, an ordering or a fit is stated by these
+functions from the samples themselves (repeats, seeds, steps): the value with its range, a
+difference only where the ranges are separated, "indistinguishable here" where they are not
+(a tie is a tie), and how many repeats would settle it. In a notebook the result shows as a
+Markdown sentence; ``str()`` gives the same text for a print or a gradebook.
+
+The rule for "separated": every repeat of one is below every repeat of the other. With n and m
+repeats that happens by chance, when the two are the same, with probability 2 / C(n + m, n)
+(0.1 for 3 against 3, 0.03 for 4 against 4): it is stated beside the verdict, and above 0.1 the
+repeats are too few to order anything. The repeats needed to tell a relative difference d apart
+with a run-to-run coefficient of variation c are Lehr's rule, n ≈ 16 c² / d² per configuration
+(a two-sample comparison at 5 % significance with an 80 % chance to see it).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+MAX_CHANCE = 0.1  # the most a "separated" verdict may owe to chance (see the module doc)
+R2_FLOOR = 0.9  # below it a fit describes no trend worth extrapolating
+
+
+@dataclass
+class Finding:
+    """One statement, the numbers behind it, and its verdict (a word tests can check)."""
+
+    text: str
+    verdict: str
+    numbers: dict = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return self.text
+
+    def _repr_markdown_(self) -> str:
+        return self.text
+
+
+def fmt(x: float, digits: int = 3) -> str:
+    """``x`` to ``digits`` significant digits, without a trailing exponent for everyday sizes."""
+    if x == 0 or not math.isfinite(x):
+        return f"{x:g}"
+    places = max(0, digits - 1 - math.floor(math.log10(abs(x))))
+    return f"{x:,.{places}f}"
+
+
+def _check(name: str, values) -> list[float]:
+    values = [float(v) for v in values]
+    if not values:
+        raise ValueError(f"{name!r} has no measurements: run it at least once")
+    if not all(math.isfinite(v) for v in values):
+        raise ValueError(f"{name!r} has a value that is not a finite number: {values}")
+    return values
+
+
+def value(values, unit: str = "", name: str | None = None) -> Finding:
+    """'0.115 s (0.101–0.115, 3 repeats)': the median and the range a table should show."""
+    values = _check(name or "value", values)
+    med = statistics.median(values)
+    u = f" {unit}" if unit else ""
+    label = f"**{name}**: " if name else ""
+    if len(values) == 1:
+        text = f"{label}{fmt(med)}{u} (one run: no spread measured)"
+    else:
+        text = (
+            f"{label}{fmt(med)}{u} ({fmt(min(values))}–{fmt(max(values))}, {len(values)} repeats)"
+        )
+    return Finding(
+        text,
+        "value",
+        {"median": med, "min": min(values), "max": max(values), "n": len(values)},
+    )
+
+
+def chance_separated(n: int, m: int) -> float:
+    """Probability that n and m repeats of the same thing come out with disjoint ranges."""
+    return min(1.0, 2.0 / math.comb(n + m, n))
+
+
+def cv(values) -> float:
+    """Run-to-run coefficient of variation (sample standard deviation over the mean)."""
+    values = list(values)
+    if len(values) < 2:
+        return math.nan
+    mean = statistics.fmean(values)
+    return statistics.stdev(values) / abs(mean) if mean else math.nan
+
+
+def repeats_needed(c: float, d: float) -> int | None:
+    """Lehr's rule: repeats per configuration to tell a relative difference ``d`` apart."""
+    if not (c > 0 and d > 0) or not math.isfinite(c):
+        return None
+    # at least 3: with fewer, even disjoint ranges owe too much to chance (MAX_CHANCE)
+    return max(3, math.ceil(16 * c * c / (d * d)))
+
+
+def _words(unit: str, better: str) -> tuple[str, str]:
+    if unit in ("s", "ms", "µs", "us", "min", "h") and better == "lower":
+        return "faster", "slower"
+    return ("lower", "higher") if better == "lower" else ("higher", "lower")
+
+
+def compare(samples: dict, unit: str = "", better: str = "lower", what: str = "") -> Finding:
+    """Two configurations' repeats -> which is better, by how much, or that this run cannot tell.
+
+    ``samples``: {"name": [repeat, ...], "other": [...]}, in the order to read them.
+    ``better``: "lower" (times, bytes, loss) or "higher" (throughput, accuracy).
+    ``what``: the quantity, for the sentence ("step time", "test accuracy").
+    """
+    if better not in ("lower", "higher"):
+        raise ValueError(f"better must be 'lower' or 'higher', not {better!r}")
+    if len(samples) != 2:
+        raise ValueError(f"compare() takes exactly two configurations, got {list(samples)}")
+    (na, a), (nb, b) = [(k, _check(k, v)) for k, v in samples.items()]
+    ma, mb = statistics.median(a), statistics.median(b)
+    u = f" {unit}" if unit else ""
+    of = f" ({what})" if what else ""
+    shown = f"{fmt(ma)}{u} ({_range(a)}) against {fmt(mb)}{u} ({_range(b)})"
+    numbers = {"a": ma, "b": mb, "ratio": ma / mb if mb else math.inf}
+    chance = chance_separated(len(a), len(b))
+    disjoint = max(a) < min(b) or max(b) < min(a)
+    c = statistics.fmean([cv(a), cv(b)])  # nan when either was run once: no spread known
+    d = abs(ma - mb) / statistics.fmean([abs(ma), abs(mb)]) if (ma or mb) else 0.0
+    need = repeats_needed(c, d)
+    numbers.update(chance=chance, cv=c, rel_diff=d, repeats_needed=need)
+    if disjoint and chance <= MAX_CHANCE:
+        a_wins = (ma < mb) == (better == "lower")
+        win, lose = (na, nb) if a_wins else (nb, na)
+        good, _ = _words(unit, better)
+        hi, lo = max(ma, mb), min(ma, mb)
+        lo_r, hi_r = _ratio_range(a, b) if ma >= mb else _ratio_range(b, a)
+        text = (
+            f"**{win}** is {good} than **{lose}**{of}: {shown}, a ratio of {fmt(hi / lo)}× "
+            f"({fmt(lo_r)}–{fmt(hi_r)}); the ranges do not overlap (chance of that with no real "
+            f"difference: {chance:.2g})."
+        )
+        return Finding(text, f"{win} better", numbers)
+    if disjoint:
+        why = (
+            f"the ranges do not overlap, but with {len(a)} and {len(b)} repeats that happens "
+            f"by chance {chance:.0%} of the time"
+        )
+    else:
+        why = "the ranges overlap"
+    more = ""
+    if need is not None:
+        more = (
+            f" Telling a {_pct(d)} difference apart at this noise (c ≈ {_pct(c)}) would take about "
+            f"{need} repeats each (16c²/d²)."
+        )
+    elif not math.isfinite(c):
+        more = " One run each measures no spread: repeat each configuration at least 3 times."
+    text = f"**{na}** and **{nb}** are indistinguishable here{of}: {shown}; {why}.{more}"
+    return Finding(text, "indistinguishable", numbers)
+
+
+def _pct(x: float) -> str:
+    return f"{fmt(100 * x, 2)} %"
+
+
+def _range(values: list[float]) -> str:
+    if len(values) == 1:
+        return "one run"
+    return f"{fmt(min(values))}–{fmt(max(values))}"
+
+
+def _ratio_range(big: list[float], small: list[float]) -> tuple[float, float]:
+    """The ratio big/small over the extremes of both ranges."""
+    return min(big) / max(small), max(big) / min(small)
+
+
+def order(samples: dict, unit: str = "", highest_first: bool = False, what: str = "") -> Finding:
+    """Several configurations sorted by median, grouped as far as their ranges separate them.
+
+    Every configuration in a group is separated (see the module doc) from every configuration in
+    every other group; within a group this run cannot tell them apart. "A < B ≈ C < D" reads as
+    "A below B and C, which overlap, both below D".
+    """
+    if len(samples) < 2:
+        raise ValueError("order() needs at least two configurations")
+    data = {k: _check(k, v) for k, v in samples.items()}
+    names = sorted(data, key=lambda k: statistics.median(data[k]), reverse=highest_first)
+    groups: list[list[str]] = []
+    for name in names:
+        tied = [
+            i
+            for i, group in enumerate(groups)
+            if any(not _separated(data[name], data[other]) for other in group)
+        ]
+        if tied:  # it overlaps a member of group i: everything from i on is one group
+            i = tied[0]
+            groups[i:] = [[n for g in groups[i:] for n in g] + [name]]
+        else:
+            groups.append([name])
+    sign = " > " if highest_first else " < "
+    chain = sign.join(" ≈ ".join(f"**{n}**" for n in g) for g in groups)
+    u = f" {unit}" if unit else ""
+    listing = "; ".join(
+        f"{n}: {fmt(statistics.median(data[n]))}{u} ({_range(data[n])})" for n in names
+    )
+    of = f" by {what}" if what else ""
+    if len(groups) == 1:
+        text = f"No ordering{of} is supported here: the ranges overlap ({listing})."
+    else:
+        text = f"Ordered{of}: {chain}, where ≈ joins those this run cannot tell apart ({listing})."
+    return Finding(text, "ordered" if len(groups) > 1 else "indistinguishable", {"groups": groups})
+
+
+def _separated(a: list[float], b: list[float]) -> bool:
+    return (max(a) < min(b) or max(b) < min(a)) and chance_separated(len(a), len(b)) <= MAX_CHANCE
+
+
+def fit(name: str, r2: float, floor: float = R2_FLOOR) -> Finding:
+    """Whether a fit may be used to predict: its R² against ``floor`` (1 is perfect, 0 is no
+    better than the mean, below 0 worse than a constant)."""
+    if not math.isfinite(r2):
+        raise ValueError(f"the fit {name!r} has R² = {r2}: it was not computed")
+    if r2 >= floor:
+        return Finding(
+            f"The fit **{name}** has R² = {r2:.3f} (≥ {floor:g}): it describes these points; "
+            "predictions hold within the measured range, not beyond it.",
+            "usable",
+            {"r2": r2},
+        )
+    worse = " — worse than a constant" if r2 < 0 else ""
+    return Finding(
+        f"The fit **{name}** has R² = {r2:.3f}{worse}, below {fmt(floor)}: these points do not "
+        "follow the model, so its parameters are not measured here and nothing is predicted "
+        "from it.",
+        "unusable",
+        {"r2": r2},
+    )

@@ -1,0 +1,137 @@
+"""helpers.findings states only what the samples allow: checked against theory and simulation."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from helpers import findings
+
+
+@pytest.mark.parametrize("n,m", [(2, 2), (3, 3), (3, 4), (4, 4), (5, 3)])
+def test_the_chance_of_disjoint_ranges_is_counted_exactly(n, m):
+    # with no real difference every assignment of the n + m ranks to the two configurations is
+    # equally likely; count the ones whose ranges do not overlap
+    ranks = range(n + m)
+    splits = list(itertools.combinations(ranks, n))
+    disjoint = 0
+    for a in splits:
+        rest = set(ranks) - set(a)
+        disjoint += max(a) < min(rest) or min(a) > max(rest)
+    assert findings.chance_separated(n, m) == pytest.approx(min(1.0, disjoint / len(splits)))
+
+
+def test_lehrs_rule_gives_about_an_80_percent_chance_to_see_the_difference():
+    rng = np.random.default_rng(0)
+    c, d = 0.10, 0.10
+    n = findings.repeats_needed(c, d)
+    assert n == 16
+    hits = 0
+    for _ in range(2000):
+        a = rng.normal(1.0, c, n)
+        b = rng.normal(1.0 + d, c, n)
+        hits += stats.ttest_ind(a, b).pvalue < 0.05
+    assert 0.74 < hits / 2000 < 0.86  # theory: 0.78 for a t-test at n = 16 (0.80 for z)
+
+
+def test_separated_repeats_give_a_verdict_with_the_ratio_and_its_range():
+    f = findings.compare(
+        {"1 rank": [0.115, 0.101, 0.115], "2 ranks": [0.192, 0.175, 0.225]}, "s", what="step time"
+    )
+    assert f.verdict == "1 rank better"
+    assert f.text.startswith("**1 rank** is faster than **2 ranks** (step time)")
+    assert "0.115 s (0.101–0.115) against 0.192 s (0.175–0.225)" in f.text
+    assert f.numbers["ratio"] == pytest.approx(0.115 / 0.192)
+    # the ratio's range runs over the extremes of both ranges
+    assert "1.67× (1.52–2.23)" in f.text
+    assert "0.1" in f.text  # the chance of disjoint ranges for 3 against 3, said beside it
+
+
+def test_higher_is_better_turns_the_verdict_round():
+    f = findings.compare({"warmup": [0.7, 0.8, 0.83], "none": [0.5, 0.52, 0.54]}, better="higher")
+    assert f.verdict == "warmup better" and "**warmup** is higher than **none**" in f.text
+    g = findings.compare({"warmup": [0.7, 0.8, 0.83], "none": [0.5, 0.52, 0.54]}, better="lower")
+    assert g.verdict == "none better"
+
+
+def test_overlapping_ranges_are_a_tie_with_the_repeats_that_would_settle_it():
+    a, b = [0.203, 0.199, 0.206], [0.204, 0.203, 0.216]
+    f = findings.compare({"batch 32": a, "batch 128": b}, "s")
+    assert f.verdict == "indistinguishable"
+    assert "indistinguishable here" in f.text and "the ranges overlap" in f.text
+    c = (np.std(a, ddof=1) / np.mean(a) + np.std(b, ddof=1) / np.mean(b)) / 2
+    d = abs(np.median(a) - np.median(b)) / np.mean([np.median(a), np.median(b)])
+    assert f.numbers["repeats_needed"] == math.ceil(16 * c * c / (d * d))
+    assert f"{f.numbers['repeats_needed']} repeats each" in f.text
+
+
+def test_two_seeds_cannot_order_even_when_their_ranges_are_apart():
+    f = findings.compare({"warmup": [0.70, 0.83], "none": [0.50, 0.54]}, better="higher")
+    assert f.verdict == "indistinguishable"
+    assert "by chance 33%" in f.text
+
+
+def test_one_run_each_says_that_no_spread_was_measured():
+    f = findings.compare({"A": [1.0], "B": [2.0]}, "s")
+    assert f.verdict == "indistinguishable" and "at least 3 times" in f.text
+
+
+def test_an_ordering_claims_nothing_a_pair_of_ranges_does_not_support():
+    # DenseNet's wide range overlaps both SqueezeNet's and ResNet18's: no two groups are apart
+    f = findings.order(
+        {
+            "ResNet18": [28, 16, 31],
+            "AlexNet": [25, 24, 26],
+            "SqueezeNet": [14, 12, 15],
+            "DenseNet": [13, 3, 19],
+        },
+        "%",
+        highest_first=True,
+    )
+    assert f.verdict == "indistinguishable" and f.numbers["groups"] == [
+        ["ResNet18", "AlexNet", "SqueezeNet", "DenseNet"]
+    ]
+    g = findings.order({"c": [3, 3.1, 3.2], "a": [1, 1.1, 1.2], "b": [1.15, 2.1, 2.2]}, "s")
+    assert g.numbers["groups"] == [["a", "b"], ["c"]]
+    assert "**a** ≈ **b** < **c**" in g.text
+    h = findings.order({"x": [1, 1.1, 1.2], "y": [2, 2.1, 2.2], "z": [3, 3.1, 3.2]})
+    assert h.numbers["groups"] == [["x"], ["y"], ["z"]]
+    # every pair across groups is separated, whatever the input
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        data = {f"c{i}": list(rng.normal(rng.uniform(0, 3), 0.3, 3)) for i in range(5)}
+        groups = findings.order(data).numbers["groups"]
+        for i, j in itertools.combinations(range(len(groups)), 2):
+            for p in groups[i]:
+                for q in groups[j]:
+                    assert max(data[p]) < min(data[q])
+
+
+def test_a_fit_below_the_floor_predicts_nothing():
+    bad = findings.fit("α-β, n = 2", -0.12)
+    assert bad.verdict == "unusable" and "worse than a constant" in bad.text
+    good = findings.fit("α-β, n = 4", 0.97)
+    assert good.verdict == "usable" and "not beyond it" in good.text
+    assert findings.fit("x", 0.85, floor=0.8).verdict == "usable"
+
+
+def test_bad_input_says_what_to_do():
+    with pytest.raises(ValueError, match="no measurements: run it at least once"):
+        findings.compare({"A": [], "B": [1.0]})
+    with pytest.raises(ValueError, match="not a finite number"):
+        findings.compare({"A": [float("nan")], "B": [1.0]})
+    with pytest.raises(ValueError, match="better must be"):
+        findings.compare({"A": [1.0], "B": [1.0]}, better="faster")
+    with pytest.raises(ValueError, match="exactly two"):
+        findings.compare({"A": [1.0]})
+    with pytest.raises(ValueError, match="not computed"):
+        findings.fit("x", float("nan"))
+
+
+def test_a_finding_shows_as_markdown_in_a_notebook():
+    f = findings.value([1.0, 2.0, 3.0], "ms", "step")
+    assert f._repr_markdown_() == str(f) == "**step**: 2.00 ms (1.00–3.00, 3 repeats)"
