@@ -26,6 +26,7 @@ from nbval.plugin import (
 )
 
 from course.kernel import KERNEL_NAME
+from course.stale import typed_measurements
 from course.syllabus import REPO, load_syllabus
 
 SANITIZE = Path(__file__).with_name("nbval_sanitize.cfg")
@@ -127,7 +128,8 @@ def compare(
     limit, a dead kernel: `course run` records it), a cell that raised unexpectedly or never
     started (the check ends there, as the run did), a cell marked to raise that did not, a checked
     output that differs from the committed one after sanitizing, a copy that is not a papermill
-    run of this code (or, given ``parameters``, was run with others). Only the
+    run of this code (or, given ``parameters``, was run with others), and a measured number
+    typed in Markdown that this run did not print (course/stale.py). Only the
     ``raises-exception`` tag lets a cell raise: papermill stops at a cell marked by comment."""
     import nbformat
 
@@ -183,6 +185,8 @@ def compare(
             ):
                 detail = "\n".join(comparison.comparison_traceback)
                 problems.append(f"{where}: checked output differs\n{detail}")
+    if not problems:  # a broken run's outputs are incomplete: its typed numbers can wait
+        problems += [f"{reference}: {typed}" for typed in typed_measurements(run)]
     return problems
 
 

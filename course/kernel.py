@@ -61,5 +61,6 @@ def guard_missed_wakeups(slice_s: float = 1.0) -> None:
                     raise
 
     get_msg.sliced = True
+    get_msg.original = original
     get_msg.__doc__ = original.__doc__
     AsyncZMQSocketChannel.get_msg = get_msg

@@ -34,9 +34,11 @@ CITES = re.compile(
 )
 MARKED = re.compile(r"^\s*<!--\s*(theory|cited)\s*-->", re.I)
 # the same quantity as the run may print it: a share as a fraction, a time in another unit, a
-# size in bytes
-SCALES = {"%": (1, 0.01), "s": (1, 1e-3), "ms": (1, 1e3), "µs": (1, 1e6), "us": (1, 1e6)}
-SIZES = (1, 1e3, 1e6, 1e9, 2**10, 2**20, 2**30)
+# size in bytes (typed = printed × scale)
+SCALES = {"%": (1, 100), "s": (1, 1e-3), "ms": (1, 1e3), "µs": (1, 1e6), "us": (1, 1e6)}
+SIZES = (1, 1e-3, 1e-6, 1e-9, 2**-10, 2**-20, 2**-30)
+# a sentence ends at . ; ! ? before a space, but not after an abbreviation
+SENTENCE_END = re.compile(r"(?<!\bal\.)(?<!e\.g\.)(?<!i\.e\.)(?<!\bvs\.)(?<!\bcf\.)(?<=[.;!?])\s+")
 
 
 @dataclass
@@ -48,7 +50,8 @@ class Typed:
 
     def __str__(self) -> str:
         return (
-            f"Cell {self.cell}: '{self.number} {self.unit}' is typed, and neither this run's "
+            f"markdown cell {self.cell} (all cells from 0): '{self.number} {self.unit}' is "
+            "typed, and neither this run's "
             f"outputs nor the code contain it: {self.sentence!r}. Print it from the run "
             "(helpers.findings), or mark the paragraph <!-- theory --> / <!-- cited --> "
             "if it is not a measurement of this machine."
@@ -66,7 +69,7 @@ def _prose(markdown: str) -> list[str]:
         para = re.sub(r"\$[^$\n]+\$", " ", para)
         para = re.sub(r"`[^`\n]+`", " ", para)
         para = re.sub(r"<!--.*?-->", " ", para, flags=re.S)
-        kept.extend(s for s in re.split(r"(?<=[.;!?])\s+", para) if not CITES.search(s))
+        kept.extend(s for s in SENTENCE_END.split(para) if not CITES.search(s))
     return kept
 
 

@@ -11,7 +11,8 @@
   MLP), ``zoo`` (torchvision's classifiers timed per
   step, a sweep point notebook), ``profiling`` (torch.profiler on DDP), ``multinode``
   (torchrun agents as nodes), ``plots``; ``probe.support_table()``: which backend runs which
-  op, asked live.
+  op, asked live; ``findings``: what measured samples allow one to say (a comparison, an
+  ordering, a fit), printed from the run, never typed.
 - ``rank()``, ``world_size()``, ``local_rank()``, ``is_main()``, ``print0()``, ``device()``:
   the same answers under launch, under torchrun, and in a plain process.
 """
@@ -22,6 +23,7 @@ from helpers import (
     costmodel,
     data,
     dataparallel,
+    findings,
     large_batch,
     memory,
     models,

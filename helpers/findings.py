@@ -5,7 +5,7 @@ sentence typed beside it does not. So a comparison, an ordering or a fit is stat
 functions from the samples themselves (repeats, seeds, steps): the value with its range, a
 difference only where the ranges are separated, "indistinguishable here" where they are not
 (a tie is a tie), and how many repeats would settle it. In a notebook the result shows as a
-Markdown sentence; ``str()`` gives the same text for a print or a gradebook.
+Markdown sentence; ``str()`` gives the same sentence as plain text, for a print.
 
 The rule for "separated": every repeat of one is below every repeat of the other. With n and m
 repeats that happens by chance, when the two are the same, with probability 2 / C(n + m, n)
@@ -34,7 +34,7 @@ class Finding:
     numbers: dict = field(default_factory=dict)
 
     def __str__(self) -> str:
-        return self.text
+        return self.text.replace("**", "")  # printed: plain text; displayed: Markdown
 
     def _repr_markdown_(self) -> str:
         return self.text

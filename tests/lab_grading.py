@@ -65,6 +65,19 @@ def trimmed(path: Path, folder: Path, markers: tuple) -> Path:
     return out
 
 
+def override(path: Path, values: dict) -> None:
+    """Set ``values`` in a cell after the notebook's parameters cell, as papermill injects them."""
+    if not values:
+        return
+    nb = nbformat.read(path, as_version=4)
+    at = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
+    source = "\n".join(f"{name} = {value!r}" for name, value in values.items())
+    nb.cells.insert(
+        at + 1, nbformat.v4.new_code_cell(source, metadata={"tags": ["injected-parameters"]})
+    )
+    nbformat.write(nb, path)
+
+
 def grade_class(
     lab: Path,
     student: Path,

@@ -134,4 +134,5 @@ def test_bad_input_says_what_to_do():
 
 def test_a_finding_shows_as_markdown_in_a_notebook():
     f = findings.value([1.0, 2.0, 3.0], "ms", "step")
-    assert f._repr_markdown_() == str(f) == "**step**: 2.00 ms (1.00–3.00, 3 repeats)"
+    assert f._repr_markdown_() == "**step**: 2.00 ms (1.00–3.00, 3 repeats)"
+    assert str(f) == "step: 2.00 ms (1.00–3.00, 3 repeats)"  # printed: no Markdown marks
