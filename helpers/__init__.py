@@ -59,6 +59,7 @@ __all__ = [
     "costmodel",
     "data",
     "dataparallel",
+    "findings",
     "large_batch",
     "models",
     "multinode",
