@@ -213,6 +213,11 @@ UNGRADED = (
     "scaled = sweep(",
     "lars = sweep(",
     "fig, ax = plt.subplots(figsize=(8, 4.5))",
+    # the findings printed from the sweeps left out above
+    "# What the repeats allow: the epoch times",
+    "# What the seeds allow: test accuracy by batch",
+    "# What the seeds allow at each batch",
+    "# What the seeds allow at the two largest batches",
 )
 
 
