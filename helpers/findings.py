@@ -147,7 +147,12 @@ def compare(samples: dict, unit: str = "", better: str = "lower", what: str = ""
     else:
         why = "the ranges overlap"
     more = ""
-    if need is not None:
+    if math.isfinite(c) and c >= 1:  # Lehr's rule would ask for thousands of repeats
+        more = (
+            f" The run-to-run noise is as large as the values themselves (c ≈ {_pct(c)}): "
+            "longer runs (more steps, a larger batch), not more repeats, would settle it."
+        )
+    elif need is not None:
         more = (
             f" Telling a {_pct(d)} difference apart at this noise (c ≈ {_pct(c)}) would take about "
             f"{need} repeats each (16c²/d²)."

@@ -136,3 +136,11 @@ def test_a_finding_shows_as_markdown_in_a_notebook():
     f = findings.value([1.0, 2.0, 3.0], "ms", "step")
     assert f._repr_markdown_() == "**step**: 2.00 ms (1.00–3.00, 3 repeats)"
     assert str(f) == "step: 2.00 ms (1.00–3.00, 3 repeats)"  # printed: no Markdown marks
+
+
+def test_noise_as_large_as_the_values_asks_for_longer_runs_not_repeats():
+    f = findings.compare(
+        {"rise in compute": [-0.01, 0.02, 0.001], "exposed": [0.004, 0.03, -0.002]}
+    )
+    assert f.verdict == "indistinguishable"
+    assert "longer runs" in f.text and "repeats each" not in f.text
