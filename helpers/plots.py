@@ -203,15 +203,19 @@ def heatmap(
     value_name: str = "value",
     ax=None,
     missing: str = "OOM",
+    vmin: float | None = None,
+    vmax: float | None = None,
 ):
     """A labelled heatmap (e.g. time or quality over depth × width), each cell annotated.
 
-    A NaN cell is drawn grey and labelled ``missing`` (a configuration that did not run)."""
+    A NaN cell is drawn grey and labelled ``missing`` (a configuration that did not run).
+    ``vmin`` / ``vmax``: the ends of the colour scale (default: this grid's own); give several
+    heatmaps of one quantity the same ends so that one colour means one value in all of them."""
     import numpy as np
 
     ax = _axes(ax)
     data = np.asarray(values, dtype=float)
-    im = ax.imshow(np.ma.masked_invalid(data), cmap="viridis", aspect="auto")
+    im = ax.imshow(np.ma.masked_invalid(data), cmap="viridis", aspect="auto", vmin=vmin, vmax=vmax)
     ax.set_facecolor("0.85")  # a cell without a value (NaN: e.g. out of memory) is grey
     ax.set_xticks(range(len(col_labels)), [str(c) for c in col_labels])
     ax.set_yticks(range(len(row_labels)), [str(r) for r in row_labels])

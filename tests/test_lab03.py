@@ -230,7 +230,16 @@ WRONG = {
     ),
 }
 # the timing, fitting and plotting cells grade nothing: a class is graded without them
-UNGRADED = ("def epoch_times(", "def fit_image(", "def grid(", "shown = [", "measured = {0: ")
+UNGRADED = (
+    "def epoch_times(",
+    "timed = list(times)",
+    "def fit_image(",
+    "def grid(",
+    "shown = [",
+    "by_part = pd.DataFrame(",
+    "def against(",
+    "measured = {0: ",
+)
 
 
 def test_every_question_has_wrong_answers_that_differ_from_the_solution():

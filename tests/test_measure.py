@@ -245,6 +245,9 @@ def test_plots_are_labelled_with_units():
     assert ax.get_xlabel() == "width" and ax.get_ylabel() == "depth"
     ax = helpers.plots.heatmap([[1, float("nan")], [3, 4]], [2, 4], [64, 128])
     assert [t.get_text() for t in ax.texts] == ["1", "OOM", "3", "4"]  # a run that did not fit
+    ax = helpers.plots.heatmap([[1, 2], [3, 4]], [2, 4], [64, 128], vmin=0, vmax=10)
+    assert ax.images[0].get_clim() == (0, 10)  # one colour scale shared by several heatmaps
+    assert helpers.plots.heatmap([[1, 2], [3, 4]], [2, 4], [64, 128]).images[0].get_clim() == (1, 4)
     ax = helpers.plots.predicted_vs_measured(
         [{"world_size": 1, "step": 1.0}], [{"world_size": 1, "step": 1.1}]
     )
