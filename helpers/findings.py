@@ -119,7 +119,7 @@ def compare(samples: dict, unit: str = "", better: str = "lower", what: str = ""
     ma, mb = statistics.median(a), statistics.median(b)
     u = f" {unit}" if unit else ""
     of = f" ({what})" if what else ""
-    shown = f"{fmt(ma)}{u} ({_range(a)}) against {fmt(mb)}{u} ({_range(b)})"
+    shown = f"{fmt(ma)}{u} ({_range(a)}) against {fmt(mb)}{u} ({_range(b)})"  # a, then b
     numbers = {"a": ma, "b": mb, "ratio": ma / mb if mb else math.inf}
     chance = chance_separated(len(a), len(b))
     disjoint = max(a) < min(b) or max(b) < min(a)
@@ -133,6 +133,11 @@ def compare(samples: dict, unit: str = "", better: str = "lower", what: str = ""
         good, _ = _words(unit, better)
         hi, lo = max(ma, mb), min(ma, mb)
         lo_r, hi_r = _ratio_range(a, b) if ma >= mb else _ratio_range(b, a)
+        w, l_ = (a, b) if win == na else (b, a)
+        shown = (
+            f"{win} {fmt(statistics.median(w))}{u} ({_range(w)}) against "
+            f"{lose} {fmt(statistics.median(l_))}{u} ({_range(l_)})"
+        )
         text = (
             f"**{win}** is {good} than **{lose}**{of}: {shown}, a ratio of {fmt(hi / lo)}× "
             f"({fmt(lo_r)}–{fmt(hi_r)}); the ranges do not overlap (chance of that with no real "
@@ -182,8 +187,9 @@ def order(samples: dict, unit: str = "", highest_first: bool = False, what: str 
     """Several configurations sorted by median, grouped as far as their ranges separate them.
 
     Every configuration in a group is separated (see the module doc) from every configuration in
-    every other group; within a group this run cannot tell them apart. "A < B ≈ C < D" reads as
-    "A below B and C, which overlap, both below D".
+    every other group. A group is joined through overlaps, so two of its members can still be
+    separated from each other (a wide range between them overlaps both): those pairs are listed.
+    "A < B ≈ C < D" reads as "A below B and C, both below D".
     """
     if len(samples) < 2:
         raise ValueError("order() needs at least two configurations")
@@ -208,11 +214,29 @@ def order(samples: dict, unit: str = "", highest_first: bool = False, what: str 
         f"{n}: {fmt(statistics.median(data[n]))}{u} ({_range(data[n])})" for n in names
     )
     of = f" by {what}" if what else ""
+    inside = [
+        (x, y)
+        for g in groups
+        for i, x in enumerate(g)
+        for y in g[i + 1 :]
+        if _separated(data[x], data[y])
+    ]
+    apart = ""
+    if inside:
+        apart = (
+            " Separated all the same, inside a group: "
+            + "; ".join(f"{x} {'above' if highest_first else 'below'} {y}" for x, y in inside)
+            + "."
+        )
     if len(groups) == 1:
-        text = f"No ordering{of} is supported here: the ranges overlap ({listing})."
+        text = f"No complete ordering{of} is supported here: the ranges overlap ({listing}).{apart}"
     else:
-        text = f"Ordered{of}: {chain}, where ≈ joins those this run cannot tell apart ({listing})."
-    return Finding(text, "ordered" if len(groups) > 1 else "indistinguishable", {"groups": groups})
+        text = (
+            f"Ordered{of}: {chain}, where ≈ joins ranges that overlap, directly or through a"
+            f" neighbour ({listing}).{apart}"
+        )
+    verdict = "ordered" if len(groups) > 1 else "indistinguishable"
+    return Finding(text, verdict, {"groups": groups, "separated_inside": inside})
 
 
 def _separated(a: list[float], b: list[float]) -> bool:

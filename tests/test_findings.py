@@ -44,7 +44,10 @@ def test_separated_repeats_give_a_verdict_with_the_ratio_and_its_range():
     )
     assert f.verdict == "1 rank better"
     assert f.text.startswith("**1 rank** is faster than **2 ranks** (step time)")
-    assert "0.115 s (0.101–0.115) against 0.192 s (0.175–0.225)" in f.text
+    assert "1 rank 0.115 s (0.101–0.115) against 2 ranks 0.192 s (0.175–0.225)" in f.text
+    # the winner's values come first, named, whichever order the samples were given in
+    g = findings.compare({"2 ranks": [0.192, 0.175, 0.225], "1 rank": [0.115, 0.101, 0.115]}, "s")
+    assert "1 rank 0.115 s (0.101–0.115) against 2 ranks 0.192 s" in g.text
     assert f.numbers["ratio"] == pytest.approx(0.115 / 0.192)
     # the ratio's range runs over the extremes of both ranges
     assert "1.67× (1.52–2.23)" in f.text
@@ -144,3 +147,11 @@ def test_noise_as_large_as_the_values_asks_for_longer_runs_not_repeats():
     )
     assert f.verdict == "indistinguishable"
     assert "longer runs" in f.text and "repeats each" not in f.text
+
+
+def test_a_group_joined_through_a_wide_range_still_names_its_separated_pairs():
+    f = findings.order({"DP": [10, 10.5, 11], "TP": [9, 12, 15], "PP": [12, 12.5, 13]}, "ms")
+    assert f.verdict == "indistinguishable" and f.numbers["separated_inside"] == [("DP", "PP")]
+    assert "No complete ordering" in f.text and "DP below PP" in f.text
+    # what compare() says of the pair, order() does not contradict
+    assert findings.compare({"DP": [10, 10.5, 11], "PP": [12, 12.5, 13]}).verdict == "DP better"
