@@ -6,7 +6,9 @@ cell must run without an unexpected error. One more rule nbval lacks (nbval#108)
 ``raises-exception`` (or ``# NBVAL_RAISES_EXCEPTION``) must really raise.
 
 ``course check --executed build/`` applies the same rules to the copies `course run` executed
-(``compare``), so the main job and the check share one execution of each notebook.
+(``compare``), so the main job and the check share one execution of each notebook. It adds
+the rule of course/stale.py: a measured number typed in Markdown must be one that run printed
+(or a parameter, theory, a citation), so a re-run cannot leave prose contradicting its outputs.
 """
 
 from __future__ import annotations

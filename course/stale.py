@@ -52,7 +52,8 @@ class Typed:
         return (
             f"markdown cell {self.cell} (all cells from 0): '{self.number} {self.unit}' is "
             "typed, and neither this run's "
-            f"outputs nor the code contain it: {self.sentence!r}. Print it from the run "
+            f"outputs nor the code contain it (in its own unit, exactly): {self.sentence!r}. "
+            "Print it from the run "
             "(helpers.findings), or mark the paragraph <!-- theory --> / <!-- cited --> "
             "if it is not a measurement of this machine."
         )
@@ -107,7 +108,14 @@ def _printed(number: str, unit: str, seen: set[float]) -> bool:
     places = len(number.split(".")[1]) if "." in number else 0
     tol = 0.5 * 10**-places + 1e-12
     scales = SIZES if unit.endswith("B") else SCALES.get(unit, (1,))
-    return any(abs(v * scale - typed) <= tol for v in seen for scale in scales)
+    # In its own unit the printed value must be the typed one: "1.5×" is not "printed" by a
+    # 1.52 elsewhere in the outputs (a chance match passes on one run and fails on the next).
+    # Converted from another unit (bytes to MiB, a fraction to %), rounding is what typing does.
+    return any(
+        abs(v * scale - typed) <= (1e-9 * max(1.0, abs(typed)) if scale == 1 else tol)
+        for v in seen
+        for scale in scales
+    )
 
 
 def typed_measurements(nb) -> list[Typed]:

@@ -33,7 +33,14 @@ def flagged(markdown: str, printed: str = "", code: str = "x = 2") -> list[str]:
         # a timing typed from some earlier run: the run printed another
         ("One rank took 0.115 s per step.", "step 0.093 s\n", "x = 2", ["0.115 s"]),
         # ... and the same number, printed by this run: consistent
-        ("One rank took 0.115 s per step.", "step 0.1149 s\n", "x = 2", []),
+        ("One rank took 0.115 s per step.", "step 0.115 s\n", "x = 2", []),
+        # in its own unit, a rounding of a printed measurement is still typed: the next run's
+        # 0.1152 would break it (and a theory ratio must not pass on a chance 1.52 elsewhere)
+        ("One rank took 0.115 s per step.", "step 0.1149 s\n", "x = 2", ["0.115 s"]),
+        ("ZeRO-1 sends 1.5× DDP's bytes.", "speedup 1.52\n", "x = 2", ["1.5 ×"]),
+        ("ZeRO-1 sends 1.5× DDP's bytes.", "ratio 1.50\n", "x = 2", []),
+        # in another unit, typing rounds: 115 ms printed as 0.1149 s
+        ("One rank took 115 ms per step.", "step 0.1149 s\n", "x = 2", []),
         # a share, printed as a fraction by the run
         ("Exposed: 28 % of the step.", "exposed 0.28\n", "x = 2", []),
         (
@@ -70,7 +77,7 @@ def test_typed_measurements(markdown, printed, code, stale):
 
 
 def test_course_check_executed_names_the_cell_of_a_stale_number(tmp_path):
-    reference = run_of("One rank took 0.115 s per step.", "step 0.1149 s\n")
+    reference = run_of("One rank took 0.115 s per step.", "step 0.115 s\n")
     nbformat.write(reference, tmp_path / "nb.ipynb")
     (tmp_path / "build").mkdir()
     same = executed_copy(reference)
@@ -84,3 +91,16 @@ def test_course_check_executed_names_the_cell_of_a_stale_number(tmp_path):
     (problem,) = compare(tmp_path / "nb.ipynb", tmp_path / "build" / "nb.ipynb", {"x": 1})
     assert "markdown cell 1 (all cells from 0): '0.115 s' is typed" in problem
     assert "helpers.findings" in problem
+
+
+def test_every_committed_notebook_prints_what_its_markdown_says():
+    """The recorded outputs hold the same rule as a fresh run: a typed measurement caught here
+    costs no execution (the executed check in test_course_run catches what the next run moves)."""
+    from course.run import select
+    from course.syllabus import load_syllabus
+
+    problems = []
+    for entry in select(load_syllabus(), None):
+        nb = nbformat.read(entry.path, as_version=4)
+        problems += [f"{entry.path}: {typed}" for typed in typed_measurements(nb)]
+    assert problems == [], "\n".join(problems)
