@@ -17,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import helpers
-from helpers.bandwidth import fit_alpha_beta
+from helpers.measure.bandwidth import fit_alpha_beta
 
 REPO = Path(__file__).resolve().parent.parent
 

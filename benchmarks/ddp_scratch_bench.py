@@ -60,7 +60,7 @@ def run(
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import helpers
-    from helpers.dataparallel import AsyncRecorder
+    from helpers.parallel.dataparallel import AsyncRecorder
 
     namespace: dict = {}
     exec(compile(source, str(SOLUTION), "exec"), namespace)  # the solution's class, in this rank

@@ -149,7 +149,7 @@ def _grade(args) -> int:
 
     from course.grade import Limits, grade, summary
     from course.syllabus import REPO, load_syllabus
-    from helpers.memory import parse_bytes
+    from helpers.measure.memory import parse_bytes
 
     lab = find_lab(args.lab)
     if lab is None:

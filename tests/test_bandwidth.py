@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from helpers import bandwidth as bw
-from helpers.costmodel import predict_scaling, predict_step
+from helpers.measure import bandwidth as bw
+from helpers.measure.costmodel import predict_scaling, predict_step
 
 
 @pytest.mark.parametrize(

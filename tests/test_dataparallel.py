@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import helpers
-from helpers.dataparallel import ThreadDevices, dp_bytes, hook_bytes
+from helpers.parallel.dataparallel import ThreadDevices, dp_bytes, hook_bytes
 
 
 def test_thread_devices_run_each_function_on_its_own_thread_and_record_spans():
@@ -119,7 +119,7 @@ def _broadcasts():
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from helpers.dataparallel import count_broadcasts
+    from helpers.parallel.dataparallel import count_broadcasts
 
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6))
@@ -140,7 +140,7 @@ def test_plot_spans_one_row_per_thread_and_one_colour_per_phase():
     import matplotlib
 
     matplotlib.use("Agg")
-    from helpers.dataparallel import PHASE_COLORS, plot_spans
+    from helpers.parallel.dataparallel import PHASE_COLORS, plot_spans
 
     rows = [
         {"row": "main", "phase": "scatter", "start": 0.0, "end": 0.001},
@@ -158,7 +158,7 @@ def test_plot_spans_one_row_per_thread_and_one_colour_per_phase():
 def _async_and_blocking():
     import torch.distributed as dist
 
-    from helpers.dataparallel import AsyncRecorder
+    from helpers.parallel.dataparallel import AsyncRecorder
 
     rank = dist.get_rank()
     with AsyncRecorder() as rec:

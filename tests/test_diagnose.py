@@ -1,6 +1,6 @@
 """The hang explanations, from hand-made rank states (no processes needed)."""
 
-from helpers.diagnose import explain, findings
+from helpers.launcher.diagnose import explain, findings
 
 
 def blocked(op, tensors, seq=0, group="world", peer=None, stack=()):

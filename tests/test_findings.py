@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from helpers import findings
+from helpers.measure import findings
 
 
 @pytest.mark.parametrize("n,m", [(2, 2), (3, 3), (3, 4), (4, 4), (5, 3)])

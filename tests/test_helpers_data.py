@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import helpers
-from helpers import data, models, ring
+from helpers.parallel import ring
+from helpers.workloads import data, models
 
 
 def test_digits_is_real_offline_and_split_without_overlap():

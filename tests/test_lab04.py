@@ -287,7 +287,7 @@ def test_every_question_has_wrong_answers_that_differ_from_the_solution():
 def test_the_right_parts_of_the_wrong_answer_templates_are_the_solution():
     """Each template, given nothing wrong, computes what the solution computes: a wrong answer
     differs from the solution only in what it names."""
-    from helpers import pipeline as pp
+    from helpers.parallel import pipeline as pp
 
     ns: dict = {}
     exec(one_f_one_b(), ns)  # noqa: S102 - our own test source

@@ -172,7 +172,7 @@ def test_the_sweep_point_notebook_writes_what_it_measured(tmp_path):
 
     import papermill as pm
 
-    from helpers import zoo
+    from helpers.measure import zoo
 
     for n in (1, 2):
         out = tmp_path / f"n{n}.json"

@@ -13,8 +13,8 @@ import nbformat
 import pytest
 
 from course.syllabus import REPO
-from helpers import pipeline as pp
 from helpers import plots
+from helpers.parallel import pipeline as pp
 
 matplotlib.use("Agg")
 

@@ -11,8 +11,8 @@ import torch.distributed as dist
 from torch import nn
 
 import helpers
-from helpers.bandwidth import bus_factor
-from helpers.timing import union_length
+from helpers.measure.bandwidth import bus_factor
+from helpers.measure.timing import union_length
 
 matplotlib.use("Agg")
 pytestmark = pytest.mark.usefixtures("no_leftovers")

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 import helpers
-from helpers.memory import bytes_per_param, state_bytes
-from helpers.sharding import bytes_per_rank, fsdp_shard_numel
+from helpers.measure.memory import bytes_per_param, state_bytes
+from helpers.parallel.sharding import bytes_per_rank, fsdp_shard_numel
 
 
 def mlp(hidden=64, depth=3):

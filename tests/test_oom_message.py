@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import helpers
-from helpers.memory import fmt_bytes, oom_message
+from helpers.measure.memory import fmt_bytes, oom_message
 
 CUDA = re.compile(
     r"CUDA out of memory\. Tried to allocate (?P<req>[\d.]+ \w+)\. GPU 0 has a total capacity "

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import helpers
-from helpers import pipeline as pp
-from helpers import tensor_parallel as tp
+from helpers.parallel import pipeline as pp
+from helpers.parallel import tensor_parallel as tp
 
 
 @pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
@@ -132,7 +132,7 @@ def test_a_pipelined_step_equals_the_one_process_step(kind, p, m):
 def _tp_step(d, h, batch):
     import torch.distributed as dist
 
-    from helpers import watch
+    from helpers.launcher import watch
 
     rank, n = dist.get_rank(), dist.get_world_size()
     dense = tp.mlp(d, h)

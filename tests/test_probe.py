@@ -3,7 +3,7 @@
 import pytest
 
 import helpers
-from helpers import probe
+from helpers.measure import probe
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def test_probe_marks_a_wrong_result_false_on_every_rank():
         # gloo's all_reduce works; make rank 1 report a wrong result through the probe's check
         import torch.distributed as dist
 
-        from helpers import probe as p
+        from helpers.measure import probe as p
 
         real = p._run
 

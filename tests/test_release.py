@@ -278,7 +278,7 @@ def test_release_leaves_out_what_a_lab_wrote_into_build(tmp_path):
     src = tmp_path / "solutions"
     (src / "build" / "sweep").mkdir(parents=True)
     shutil.copy(REPO / "solutions" / "lab04_pipeline_tensor.ipynb", src)
-    shutil.copy(REPO / "helpers" / "notebooks" / "step_benchmark.ipynb", src / "build" / "sweep")
+    shutil.copy(REPO / "helpers" / "measure" / "notebooks" / "step_benchmark.ipynb", src / "build" / "sweep")
     written = release_all(src, tmp_path / "labs")
     assert [p.relative_to(tmp_path / "labs").as_posix() for p in written] == [
         "lab04_pipeline_tensor.ipynb"

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import helpers
-from helpers import scaling, timing
+from helpers.measure import scaling, timing
 
 matplotlib.use("Agg")
 
@@ -139,7 +139,7 @@ def test_speedup_plot_names_the_batch_per_rank():
 
 
 def test_cost_model_uses_each_world_sizes_own_compute():
-    from helpers.bandwidth import AlphaBeta
+    from helpers.measure.bandwidth import AlphaBeta
 
     fit = AlphaBeta(alpha=0.0, beta=1e9, r2=1.0)
     compute = {

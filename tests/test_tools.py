@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 import helpers
-from helpers import multinode, profiling
+from helpers.tools import multinode, profiling
 
 
 def _event(name, start_us, end_us):

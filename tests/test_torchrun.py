@@ -13,7 +13,7 @@ import pytest
 import rankfns
 
 import helpers
-from helpers import multinode
+from helpers.tools import multinode
 
 TESTS = Path(__file__).resolve().parent
 TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent))
@@ -92,7 +92,7 @@ def test_helpers_run_outside_torchrun_says_how_to_start_it():
     ],
 )
 def test_command_line_arguments_are_python_literals_or_strings(words, args, kwargs):
-    from helpers.run import parse_call
+    from helpers.launcher.run import parse_call
 
     assert parse_call(words) == (args, kwargs)
 

@@ -32,12 +32,13 @@ def end_marker(task_id: int) -> bytes:
     return f"\x1e{task_id}\x1e\n".encode()
 
 
-INTERNAL = {os.path.join(HERE, "_worker.py"), os.path.join(HERE, "watch.py")}
+# the rank server forks each rank from inside its serve loop: its frames sit under every rank's
+INTERNAL = {os.path.join(HERE, f) for f in ("_worker.py", "watch.py", "_rankserver.py")}
 
 
 def _internal(filename: str) -> bool:
     """Frames of the launcher, of runpy and of torch's own wrappers: noise for a student."""
-    if filename in INTERNAL or filename.startswith("<frozen"):
+    if filename in INTERNAL or filename.startswith(("<frozen", "<string>")):
         return True
     torch = sys.modules.get("torch")
     return torch is not None and filename.startswith(os.path.dirname(torch.__file__) + os.sep)
@@ -98,7 +99,7 @@ def dumps_result(result) -> bytes:
 
 def snapshot() -> dict:
     """Where the main thread is: the torch.distributed call it is in and its Python stack."""
-    from helpers import watch
+    from helpers.launcher import watch
 
     frame = sys._current_frames().get(threading.main_thread().ident)
     stack = user_frames(traceback.extract_stack(frame)) if frame else []
@@ -191,7 +192,7 @@ def run_task(task_id: int, payload: bytes, opts: dict, rng: tuple):
     import numpy
     import torch
 
-    from helpers import watch
+    from helpers.launcher import watch
 
     os.chdir(opts["cwd"])
     sys.argv[:] = opts["argv"]
@@ -237,7 +238,7 @@ def main(cfg: dict) -> None:
         import torch
         import torch.distributed as dist
 
-        from helpers import watch, world
+        from helpers.launcher import watch, world
 
         world.use_loopback()
         watch.install()

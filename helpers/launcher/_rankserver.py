@@ -44,7 +44,7 @@ SERVER_GONE = 70  # the code a rank reports when its server (or kernel) is gone:
 SERVER_NAME = "helpers-server"
 RANK_NAME = "helpers-rank{rank}"
 START = os.environ.get("HELPERS_RANK_START") or ("fork" if sys.platform == "linux" else "spawn")
-_ENTRY = "import sys; from helpers import _rankserver as s; s.{}(*sys.argv[1:])"
+_ENTRY = "import sys; from helpers.launcher import _rankserver as s; s.{}(*sys.argv[1:])"
 
 
 def _set_name(name: str) -> None:
@@ -65,7 +65,7 @@ def _preload() -> None:
     import torch  # noqa: F401
     import torch.distributed  # noqa: F401
 
-    from helpers import _worker, watch, world  # noqa: F401
+    from helpers.launcher import world  # noqa: F401
 
 
 def _send(sock: socket.socket, msg: dict) -> None:
@@ -128,7 +128,7 @@ def _become_rank(req: dict, fds: list[int]) -> None:
         random.seed()
         numpy.random.seed()
         torch.seed()
-        from helpers import _worker
+        from helpers.launcher import _worker
 
         _worker.main(dict(req["cfg"], task_fd=task_fd, diag_fd=diag_fd, parent_pid=os.getppid()))
         code = 0
@@ -250,7 +250,7 @@ class Server:
         return self.proc.poll() is None and self.sock.fileno() >= 0
 
     def spawn(self, cfg: dict, env: dict) -> RankProcess:
-        from helpers.errors import LaunchError
+        from helpers.launcher.errors import LaunchError
 
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -276,7 +276,7 @@ class Server:
         return RankProcess(self, pid, open(out_r, "rb", buffering=0), open(err_r, "rb", 0))
 
     def _await_pid(self) -> int:
-        from helpers.errors import LaunchError
+        from helpers.launcher.errors import LaunchError
 
         while True:
             msg = self._recv(timeout=self.start_timeout)

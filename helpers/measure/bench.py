@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from helpers.bandwidth import algbw, bus_factor
+from helpers.measure.bandwidth import algbw, bus_factor
 
 OPS = (
     "all_reduce",
@@ -105,8 +105,8 @@ def sweep(
     """
     import torch.distributed as dist
 
-    from helpers.world import device as this_device
-    from helpers.world import uses_nccl
+    from helpers.launcher.world import device as this_device
+    from helpers.launcher.world import uses_nccl
 
     # Under "cpu:gloo,cuda:nccl" (auto on a GPU node) measure NCCL, on the rank's GPU.
     device = this_device() if uses_nccl(dist.get_backend()) else _cpu()
@@ -185,7 +185,7 @@ def benchmark_collectives(
     ops=OPS, sizes=None, world_sizes=(2, 4), backend: str = "auto", **kwargs
 ) -> list[dict]:
     """From the notebook: ``sweep`` at every world size; one record per (op, world size, size)."""
-    from helpers.launch import launch
+    from helpers.launcher.launch import launch
 
     records = []
     for n in world_sizes:
@@ -225,8 +225,8 @@ def spread_sweep(op: str = "all_reduce", sizes=None, repeats: int = 3, target_s:
 
     import torch.distributed as dist
 
-    from helpers.world import device as this_device
-    from helpers.world import uses_nccl
+    from helpers.launcher.world import device as this_device
+    from helpers.launcher.world import uses_nccl
 
     device = this_device() if uses_nccl(dist.get_backend()) else _cpu()
     n = dist.get_world_size()
@@ -275,8 +275,8 @@ def benchmark_spread(
     """
     import statistics
 
-    from helpers.launch import launch
-    from helpers.world import oversubscribed, thread_budget
+    from helpers.launcher.launch import launch
+    from helpers.launcher.world import oversubscribed, thread_budget
 
     out = []
     for n in world_sizes:

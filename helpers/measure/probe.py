@@ -178,8 +178,8 @@ def support_table(world_size: int = 2, gpus: int | None = None, timeout: float =
 
     Each row: {'op', 'reduce_op', <column>: '✓' | '✗' | '–', <column> + ' why': reason}.
     """
-    from helpers.errors import LaunchTimeout
-    from helpers.launch import launch
+    from helpers.launcher.errors import LaunchTimeout
+    from helpers.launcher.launch import launch
 
     cells: dict = {}
     for column in COLUMNS:

@@ -29,7 +29,7 @@ def build(name: str, image: int = 64, classes: int = 10):
             f"{name} needs images of at least {MIN_IMAGE.get(name, 32)} pixels, not {image}: "
             "raise image"
         )
-    from helpers import models
+    from helpers.workloads import models
 
     return models.build(name, in_shape=(3, image, image), classes=classes)
 
@@ -47,9 +47,9 @@ def profile(name: str, image: int = 64, batch: int = 4, steps: int = 3, warmup: 
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from helpers.comm import CommRecorder
-    from helpers.timing import StepTimer
-    from helpers.world import device
+    from helpers.launcher.world import device
+    from helpers.measure.comm import CommRecorder
+    from helpers.measure.timing import StepTimer
 
     n = dist.get_world_size() if dist.is_initialized() else 1
     dev = device()

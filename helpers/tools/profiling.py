@@ -60,7 +60,7 @@ def spans(events) -> list[tuple]:
 
 def overlap(rows: list[tuple]) -> float:
     """Share of the communication time that ran while a backward span was running."""
-    from helpers.timing import union_length
+    from helpers.measure.timing import union_length
 
     comm = [(s, e) for lane, _, s, e in rows if lane == "communication"]
     total = union_length(comm)
@@ -86,7 +86,7 @@ def profile_ddp(
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.profiler import ProfilerActivity, profile
 
-    from helpers import models
+    from helpers.workloads import models
 
     rank = dist.get_rank()
     torch.manual_seed(0)

@@ -197,7 +197,8 @@ def train_digits(epochs: int = 1, batch: int = 32) -> dict:
     import torch
     import torch.distributed as dist
 
-    from helpers import data, large_batch, models
+    from helpers.parallel import large_batch
+    from helpers.workloads import data, models
 
     train_set, test_set = data.load("digits-shifted"), data.load("digits-shifted", train=False)
     n = dist.get_world_size()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from helpers.errors import format_frames
+from helpers.launcher.errors import format_frames
 
 
 def _ranks(rs) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 
-from helpers.bandwidth import ring_allreduce_wire_bytes
+from helpers.measure.bandwidth import ring_allreduce_wire_bytes
 
 
 class CommRecorder:
@@ -31,7 +31,7 @@ class CommRecorder:
 
     def register(self, ddp_model) -> CommRecorder:
         """Install on a DistributedDataParallel model (once per model)."""
-        from helpers import watch
+        from helpers.launcher import watch
 
         watch.install()
         watch.STATE.listeners.append(self._on_call)
@@ -40,7 +40,7 @@ class CommRecorder:
 
     def close(self) -> None:
         """Stop listening to torch.distributed calls."""
-        from helpers import watch
+        from helpers.launcher import watch
 
         if self._on_call in watch.STATE.listeners:
             watch.STATE.listeners.remove(self._on_call)

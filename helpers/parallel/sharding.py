@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from helpers.memory import bytes_per_param
+from helpers.measure.memory import bytes_per_param
 
 STAGES = {
     0: "DDP: everything replicated",
@@ -66,7 +66,7 @@ def fsdp_shard_numel(shape, world_size: int) -> int:
 def _model(hidden: int, depth: int, dtype: str = "float32", seed: int = 0):
     import torch
 
-    from helpers.models import mlp
+    from helpers.workloads.models import mlp
 
     torch.manual_seed(seed)  # every rank builds the same weights
     return mlp(hidden=hidden, depth=depth).to(getattr(torch, dtype))
@@ -157,8 +157,8 @@ def measure(
     import torch.distributed as dist
     from torch import nn
 
-    from helpers.memory import track
-    from helpers.tracing import trace
+    from helpers.measure.memory import track
+    from helpers.measure.tracing import trace
 
     rank, n = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     model = _model(hidden, depth, dtype)
@@ -240,7 +240,7 @@ def calculator(
     import ipywidgets as w
     from IPython.display import display
 
-    from helpers.memory import OPTIMIZER_STATE, PRECISIONS
+    from helpers.measure.memory import OPTIMIZER_STATE, PRECISIONS
 
     def show(billions, optimizer, precision, stage, world_size):
         per = bytes_per_rank(billions * 1e9, world_size, stage, optimizer, precision)

@@ -22,19 +22,19 @@ class trace:  # noqa: N801 - used as a context manager, like a function
         self.records: list[dict] = []
 
     def __enter__(self) -> trace:
-        from helpers import watch
+        from helpers.launcher import watch
 
         watch.install()
         watch.STATE.listeners.append(self._on_call)
         return self
 
     def __exit__(self, *exc) -> None:
-        from helpers import watch
+        from helpers.launcher import watch
 
         watch.STATE.listeners.remove(self._on_call)
 
     def _on_call(self, call) -> None:
-        from helpers.world import rank
+        from helpers.launcher.world import rank
 
         self.records.append(
             {

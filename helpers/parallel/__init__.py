@@ -1,0 +1,4 @@
+"""The parallel building blocks the lectures take apart: the ring all-reduce (``ring``), DP and
+DDP from scratch (``dataparallel``), ZeRO / FSDP (``sharding``), pipeline schedules
+(``pipeline``), Megatron's tensor-parallel MLP (``tensor_parallel``), a global batch on any
+number of ranks (``large_batch``). Built on measure, launcher and workloads."""
