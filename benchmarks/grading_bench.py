@@ -21,7 +21,8 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from grading_fixtures import ANSWERS, nbgrader_grade, release, write  # noqa: E402
 
-from course.grade import Isolation, grade  # noqa: E402
+from course.grade import grade  # noqa: E402
+from course.grading.isolation import Isolation  # noqa: E402
 
 
 def main() -> None:

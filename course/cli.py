@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         install_kernel(user=args.user, quiet=args.quiet)
         return 0
     if args.command == "release":
-        from course.cells import FormatError
+        from course.grading.cells import FormatError
         from course.release import release_all
         from course.syllabus import REPO
 
@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "grade":
         return _grade(args)
     if args.command == "grade-merge":
-        from course.grade import merge, summary
+        from course.grading.reports import summary
+        from course.grading.shards import merge
 
         lab = find_lab(args.lab)
         if lab is None:
@@ -147,7 +148,9 @@ def find_lab(name: str):
 def _grade(args) -> int:
     from pathlib import Path
 
-    from course.grade import Limits, grade, summary
+    from course.grade import grade
+    from course.grading.reports import summary
+    from course.grading.results import Limits
     from course.syllabus import REPO, load_syllabus
     from helpers.measure.memory import parse_bytes
 
@@ -166,8 +169,9 @@ def _grade(args) -> int:
         cell_timeout=args.cell_timeout, budget=args.budget, memory=parse_bytes(args.memory)
     )
     out = Path(args.out) if args.out else REPO / "build" / "grades" / lab.stem
-    from course.cells import FormatError
-    from course.grade import UNSAFE, IsolationUnavailable, UidsBusy, check_shard
+    from course.grading.cells import FormatError
+    from course.grading.isolation import UNSAFE, IsolationUnavailable, UidsBusy
+    from course.grading.shards import check_shard
 
     try:
         shard = check_shard(args.shard) if args.shard else None

@@ -1,6 +1,6 @@
 """`course release`: solutions/ -> labs/, the student version, as an ordered list of small passes.
 
-1. validate the authoring format (course.cells.validate);
+1. validate the authoring format (course.grading.cells.validate);
 2. replace each ``### BEGIN SOLUTION`` region with a stub that raises NotImplementedError
    (markdown answers become "YOUR ANSWER HERE");
 3. drop ``### BEGIN HIDDEN TESTS`` regions;
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import nbformat
 
-from course import cells
+from course.grading import cells
 
 STUB = 'raise NotImplementedError("{gid}: replace this line with your solution")'
 ANSWER = "YOUR ANSWER HERE"

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import nbformat
 
-from course import cells
-from course.grade import Limits, grade
+from course.grade import grade
+from course.grading import cells
+from course.grading.results import Limits
 from course.syllabus import load_syllabus
 
 

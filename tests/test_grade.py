@@ -19,7 +19,11 @@ from grading_fixtures import EXPECTED, answer, cell_index, plain_submissions, ra
 from nbformat.v4 import new_code_cell
 
 import course.grade as grading
-from course.grade import Limits, assemble, grade, load_submission
+from course.grade import grade
+from course.grading import isolation
+from course.grading.assemble import assemble
+from course.grading.results import Limits
+from course.grading.submission import load_submission
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +217,7 @@ def test_hostile_and_broken_submissions(assignment, tmp_path):
     assert "NET CLOSED" in printed("network")
     # Output is capped as it arrives: a cell keeps the start of a 10 MB print, a notebook at
     # most SUBMISSION_OUTPUT_LIMIT however many cells flood, and both still score.
-    from course.sandbox import OUTPUT_LIMIT, SUBMISSION_OUTPUT_LIMIT
+    from course.grading.sandbox import OUTPUT_LIMIT, SUBMISSION_OUTPUT_LIMIT
 
     huge = printed("huge_output")
     assert huge.startswith("x" * 1000) and len(huge) < OUTPUT_LIMIT
@@ -346,7 +350,7 @@ def test_ranks_run_inside_the_sandbox_and_a_stuck_submission_hits_the_budget(
     # pool (an earlier test in this run launched in-process) is not the grader's to kill
     # (as root the submissions run as the uids of this grading's block, and no other's)
     ours = (
-        range(taken[0], taken[0] + grading.UID_BLOCK)
+        range(taken[0], taken[0] + isolation.UID_BLOCK)
         if os.geteuid() == 0
         else range(os.getuid(), os.getuid() + 1)
     )
@@ -384,7 +388,7 @@ def test_totals_match_nbgrader_autograde_except_its_stderr_penalty(assignment, t
 
 
 def test_graders_side_by_side_take_different_blocks_of_uids(monkeypatch, tmp_path):
-    from course import grade as g
+    from course.grading import isolation as g
 
     monkeypatch.setattr(g, "LOCK_DIR", tmp_path)
     monkeypatch.delenv("COURSE_GRADE_UID_BASE", raising=False)
@@ -405,7 +409,7 @@ def test_graders_side_by_side_take_different_blocks_of_uids(monkeypatch, tmp_pat
 
 
 def test_a_blocks_lock_is_released_when_its_grader_dies(monkeypatch, tmp_path):
-    from course import grade as g
+    from course.grading import isolation as g
 
     monkeypatch.setattr(g, "LOCK_DIR", tmp_path)
     monkeypatch.delenv("COURSE_GRADE_UID_BASE", raising=False)
@@ -413,13 +417,13 @@ def test_a_blocks_lock_is_released_when_its_grader_dies(monkeypatch, tmp_path):
         [
             sys.executable,
             "-c",
-            "import sys, time; from pathlib import Path; import course.grade as g; "
+            "import sys, time; from pathlib import Path; import course.grading.isolation as g; "
             f"g.LOCK_DIR = Path({str(tmp_path)!r}); b = g.uid_block(1); print(b.__enter__(), flush=True); "
             "time.sleep(60)",
         ],
         stdout=subprocess.PIPE,
         text=True,
-        cwd=Path(g.__file__).parent.parent,
+        cwd=Path(g.__file__).parents[2],
     )
     try:
         assert int(holder.stdout.readline()) == g.UID_BASE
@@ -503,7 +507,7 @@ def test_the_result_reader_drops_an_over_long_line_and_keeps_the_rest(monkeypatc
     also when one read brings the whole of it (this once returned the line: CI saw it)."""
     import threading
 
-    from course.grade import _Reader
+    from course.grading.runner import _Reader
 
     monkeypatch.setattr(_Reader, "MAX_LINE", 10_000)
     lines = [b'{"a": 1}\n', b'{"flood": "' + b"x" * 100_000 + b'"}\n', b'{"b": 2}\n']
@@ -542,7 +546,7 @@ def test_a_process_that_ends_while_the_grader_lists_the_group_is_skipped(tmp_pat
 
     import psutil
 
-    from course.grade import Group
+    from course.grading.isolation import Group
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()

@@ -22,8 +22,10 @@ import pytest
 from grading_fixtures import answer, cell_index, release, write
 from nbformat.v4 import new_code_cell, new_markdown_cell
 
-from course import sandbox
-from course.grade import Limits, grade, load_submission
+from course.grade import grade
+from course.grading import sandbox
+from course.grading.results import Limits
+from course.grading.submission import load_submission
 from course.release import student_version
 
 LIMITS = Limits(cell_timeout=30, budget=90)
@@ -209,7 +211,9 @@ def test_a_submission_sees_only_its_file_view_environment_and_processes(graded, 
     assert set(s["env"]) <= ENV_ALLOWED, set(s["env"]) - ENV_ALLOWED
     # Processes: its own PID namespace; no grader, pytest or other job in sight.
     assert s["pids"] < 20, s["pids"]
-    assert not any("pytest" in c or "course.sandbox" in c for c in s["cmdlines"]), s["cmdlines"]
+    assert not any("pytest" in c or "course.grading.sandbox" in c for c in s["cmdlines"]), s[
+        "cmdlines"
+    ]
     assert s["uid"] >= 40000 and s["no_new_privs"] == ["1"]
     # No descriptor into the grader's folders (the runner's log was one, inherited).
     assert not [f for f in s["fds"] if "/out/" in f or f.endswith(".log")], s["fds"]
@@ -221,7 +225,7 @@ def test_a_submission_sees_only_its_file_view_environment_and_processes(graded, 
 
 
 def sandbox_cores(cores):
-    from course.grade import slot_cores
+    from course.grading.isolation import slot_cores
 
     shares = [slot_cores(k, 2) for k in range(2)]
     assert cores in shares, (cores, shares)
@@ -309,7 +313,7 @@ def test_links_and_special_files_in_a_submission_are_refused(tmp_path):
 
 def test_grading_refuses_to_run_without_isolation(tmp_path, monkeypatch, capsys):
     from course import cli
-    from course import grade as grading
+    from course.grading import isolation as grading
 
     src, student = release(tmp_path)
     subs = write(tmp_path / "subs", {"alice": answer(student)})
@@ -322,7 +326,7 @@ def test_grading_refuses_to_run_without_isolation(tmp_path, monkeypatch, capsys)
 
 
 def test_unsafe_grading_is_said_on_every_page_and_in_the_gradebook(tmp_path):
-    from course.grade import UNSAFE
+    from course.grading.isolation import UNSAFE
 
     src, student = release(tmp_path)
     subs = write(tmp_path / "subs", {"alice": answer(student)})
@@ -729,7 +733,7 @@ def messages(tmp_path_factory):
 
 
 def test_forged_messages_stay_within_the_caps_and_keep_the_notebook(messages):
-    from course.sandbox import SUBMISSION_OUTPUT_LIMIT
+    from course.grading.sandbox import SUBMISSION_OUTPUT_LIMIT
 
     results, out = messages
     for name in MESSAGES:
@@ -750,7 +754,7 @@ def test_partial_credit_is_a_finite_number_or_nothing():
     import numpy as np
     import torch
 
-    from course.verdict import credit
+    from course.grading.verdict import credit
 
     assert credit(0.5) == (0.5, None) and credit(2) == (2.0, None)
     assert credit(np.float64(0.25)) == (0.25, None) and credit(np.int64(1)) == (1.0, None)
@@ -840,3 +844,26 @@ def test_a_key_left_in_the_uids_keyring_is_gone_for_the_next_submission(tmp_path
 
     assert "PLANTED True a key" in printed("k1_plant")  # the plant itself worked
     assert "FOUND None" in printed("k2_read")
+
+
+def test_a_name_or_reason_that_is_a_formula_stays_text_in_the_gradebook(tmp_path):
+    """A student names their folder (or makes an error message say) =HYPERLINK(...): the
+    instructor opening gradebook.csv in a spreadsheet must see text, not run a formula."""
+    import csv
+
+    from course.grading.reports import write_gradebook
+    from course.grading.results import Question, Result
+
+    qs = [Question("q1", 2.0, False)]
+    results = {
+        '=HYPERLINK("http://evil","x")': Result(
+            '=HYPERLINK("http://evil","x")', "graded", scores={"q1": 2.0}
+        ),
+        "bob": Result("bob", "error", "@SUM(1+1) in a kernel message", scores={"q1": 0.0}),
+        "-carol": Result("-carol", "graded", "+1 from a test", scores={"q1": 1.0}),
+    }
+    rows = list(csv.reader(write_gradebook(results, qs, tmp_path).open()))
+    cells = [c for row in rows[1:] for c in (row[0], row[-1])]
+    assert all(not c or c[0] not in "=+-@" for c in cells), cells
+    assert [r[0] for r in rows[1:]] == ["'-carol", "'" + '=HYPERLINK("http://evil","x")', "bob"]
+    assert rows[3][-1] == "'@SUM(1+1) in a kernel message"

@@ -15,8 +15,9 @@ import lab_grading
 import nbformat
 import pytest
 
-from course import cells
-from course.grade import Limits, grade
+from course.grade import grade
+from course.grading import cells
+from course.grading.results import Limits
 from course.syllabus import REPO, load_syllabus
 
 LAB = REPO / "solutions" / "lab01_ddp_scaling.ipynb"
@@ -305,7 +306,7 @@ def test_each_plausible_wrong_answer_loses_its_points_and_only_those(graded):
 def test_the_solution_scores_fully_without_isolation_too(tmp_path):
     # Without a cgroup, memory is counted per process (USS): 4 ranks sharing torch's pages
     # must not add up to a "memory" kill of a correct submission.
-    from course.grade import UNSAFE
+    from course.grading.isolation import UNSAFE
 
     subs = tmp_path / "subs"
     subs.mkdir()

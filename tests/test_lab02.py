@@ -15,7 +15,7 @@ import lab_grading
 import nbformat
 import pytest
 
-from course import cells
+from course.grading import cells
 from course.syllabus import REPO
 
 LAB = REPO / "solutions" / "lab02_build_ddp.ipynb"

@@ -18,7 +18,7 @@ import lab_grading
 import nbformat
 import pytest
 
-from course import cells
+from course.grading import cells
 from course.syllabus import REPO
 
 LAB = REPO / "solutions" / "lab04_pipeline_tensor.ipynb"

@@ -17,7 +17,7 @@ import lab_grading
 import nbformat
 import pytest
 
-from course import cells
+from course.grading import cells
 from course.syllabus import REPO
 
 LAB = REPO / "solutions" / "lab05_large_batch.ipynb"

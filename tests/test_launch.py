@@ -357,9 +357,7 @@ def test_concurrent_notebooks_on_one_machine_never_collide(tmp_path):
 
 
 def test_no_fixed_port_anywhere_in_the_launcher():
-    source = "".join(
-        f.read_text() for f in sorted((REPO / "helpers" / "launcher").glob("*.py"))
-    )
+    source = "".join(f.read_text() for f in sorted((REPO / "helpers" / "launcher").glob("*.py")))
     assert "29500" not in source and "MASTER_PORT" not in source
 
 

@@ -1,4 +1,5 @@
-"""What may leave a graded kernel (course.plain) and how a check decides on it (course.verdict).
+"""What may leave a graded kernel (course.grading.plain) and how a check decides on it
+(course.grading.verdict).
 
 No kernel here: the encoder is called as the kernel would call it, and the decoder and the
 checks are fed data as a hostile kernel could send it.
@@ -12,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from course import plain
-from course.verdict import Checker, run_check
+from course.grading import plain
+from course.grading.verdict import Checker, run_check
 
 
 def sent(**values) -> str:

@@ -9,7 +9,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from course import cells
+from course.grading import cells
 from course.kernel import KERNELSPEC
 from course.release import release, student_version
 
@@ -124,7 +124,7 @@ test_cell.__test__ = False  # a helper, not a test
             lambda nb: nb.cells[3].metadata.nbgrader.__setitem__("grade_id", "has space"),
             "letters, digits",
         ),
-        # The probe / check convention of graded test cells (course.cells.validate_test).
+        # The probe / check convention of graded test cells (course.grading.cells.validate_test).
         (
             test_cell("assert shard(4, 0, 2) == [0, 2]"),
             r"exactly one '# --- check ---' line, found 0",
@@ -278,7 +278,9 @@ def test_release_leaves_out_what_a_lab_wrote_into_build(tmp_path):
     src = tmp_path / "solutions"
     (src / "build" / "sweep").mkdir(parents=True)
     shutil.copy(REPO / "solutions" / "lab04_pipeline_tensor.ipynb", src)
-    shutil.copy(REPO / "helpers" / "measure" / "notebooks" / "step_benchmark.ipynb", src / "build" / "sweep")
+    shutil.copy(
+        REPO / "helpers" / "measure" / "notebooks" / "step_benchmark.ipynb", src / "build" / "sweep"
+    )
     written = release_all(src, tmp_path / "labs")
     assert [p.relative_to(tmp_path / "labs").as_posix() for p in written] == [
         "lab04_pipeline_tensor.ipynb"

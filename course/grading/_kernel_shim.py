@@ -2,7 +2,10 @@
 
 argv: LIMITS_JSON -f CONNECTION_FILE. Runs inside bubblewrap as root when the grader is root
 (then the connection file is handed to the uid first), otherwise as the grader's own user with
-the limits only.
+the limits only. Started by course.grading.sandbox as ``python -m course.grading._kernel_shim``.
+Trusts: its argv (the sandbox runner wrote the kernelspec). Does not trust what comes after it:
+every limit, the environment's allowlist and the uid are in place before ``execv`` hands the
+process to the kernel that runs the submission's code.
 """
 
 import json

@@ -11,6 +11,10 @@ student's code and assigns plain values (it runs in the student's kernel). Below
 of the grader's, on a copy of those values as plain data, so nothing the submission did to its
 own kernel can make it pass). Each half may hold hidden tests. In JupyterLab and under nbgrader
 the whole cell runs as written, probe then check.
+
+Used by the grader (course.grading), by ``course release`` and by ``course check``. Trusts: the
+solution notebook (the instructor's). Does not trust: a submission's cells, which reach it only
+as data (their metadata read as a dict, their text compared by checksum; nothing is run here).
 """
 
 from __future__ import annotations

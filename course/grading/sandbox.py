@@ -1,19 +1,26 @@
 """Run one submission's notebook in isolation and stream its test results to the grader.
 
-Started by course.grade as ``[unshare --net --mount --fork --] python -m course.sandbox JOB FD``.
-This process stays root where the grader is root; no student code ever runs in it. It
+Started by course.grading.runner as
+``[unshare --net --mount --fork --] python -m course.grading.sandbox JOB FD`` (and by
+course.grading.isolation as ``... course.grading.sandbox --probe UID``, to learn whether a kernel
+can start here as another uid). This process stays root where the grader is root; no student
+code ever runs in it. It
   1. reads the job (the notebook; its test cells hold only their probes) while it can,
   2. brings loopback up in its new network namespace (no network, ports of its own),
   3. makes itself non-dumpable (the submission cannot read the secrets in its memory),
   4. starts the kernel in bubblewrap (``bwrap_argv``: a file view built from an allowlist,
      private /tmp, PID namespace and /proc, an empty environment), through
-     course._kernel_shim, which applies the resource limits and the job's cores, sets the
-     environment's allowlist and drops to the job's unprivileged uid before the kernel starts,
+     course.grading._kernel_shim, which applies the resource limits and the job's cores, sets
+     the environment's allowlist and drops to the job's unprivileged uid before the kernel
+     starts,
   5. runs every cell (a failing cell does not stop the run) and, after each test cell's probe,
      writes one JSON line to FD: the probe's error, if any, and the values its check reads, as
-     the kernel published them (course.plain). The last line carries the executed notebook.
-Nothing here decides a grade: whatever comes out of the kernel may be forged. The grader runs
-each test's check on that data in an interpreter of its own (course.verdict).
+     the kernel published them (course.grading.plain). The last line carries the executed
+     notebook.
+Trusts: the job file (the grader wrote it, in a folder only root can enter). Does not trust:
+anything that comes out of the kernel (every message is the submission's to forge: outputs are
+capped and filtered as they arrive). Nothing here decides a grade: the grader runs each test's
+check on the published data in an interpreter of its own (course.grading.verdict).
 """
 
 from __future__ import annotations
@@ -30,8 +37,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from course import cells
-from course.plain import MAX_BYTES, MIME
+from course.grading import cells
+from course.grading.plain import MAX_BYTES, MIME
 
 OUTPUT_LIMIT = 100_000  # bytes of output kept per cell; the rest is dropped with a note
 SUBMISSION_OUTPUT_LIMIT = 2_000_000  # bytes of output kept for the whole notebook
@@ -156,7 +163,7 @@ def run_test_cell(client, cell, index: int, names: list[str], timeout_output) ->
     # A value left by an earlier cell must not stand in for one the probe failed to assign.
     # (This runs in the kernel, so a submission could undo it: it only spares an honest check
     # from stale values. A forged value still has to be right to pass a check.)
-    forget = f"__import__('course.plain', fromlist=['forget']).forget({names!r})"
+    forget = f"__import__('course.grading.plain', fromlist=['forget']).forget({names!r})"
     try:
         client.execute_cell(nbformat.v4.new_code_cell(forget), index)
     except CellTimeoutError:
@@ -180,7 +187,7 @@ def run_test_cell(client, cell, index: int, names: list[str], timeout_output) ->
     data = None
     if error is None:
         export = nbformat.v4.new_code_cell(
-            f"__import__('course.plain', fromlist=['publish']).publish({names!r})"
+            f"__import__('course.grading.plain', fromlist=['publish']).publish({names!r})"
         )
         client.published = []
         try:
@@ -209,7 +216,7 @@ def kernelspec_dir(job: dict) -> str:
     argv += [
         sys.executable,
         "-m",
-        "course._kernel_shim",
+        "course.grading._kernel_shim",
         json.dumps(job["limits"]),
         "-f",
         "{connection_file}",

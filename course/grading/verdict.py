@@ -1,14 +1,17 @@
 """The verdict: each test's check, run on its probe's plain data, apart from any student code.
 
-``course grade`` starts ``python -m course.verdict`` once per submission: a fresh interpreter of
-the grader's own, never the submission's kernel or a child of it. For each test cell it reads
-one JSON line {"pieces": [[code, hidden], ...], "data": what the probe published, "names": what
-the check reads} on stdin,
-rebuilds the probe's values with course.plain (exact built-in types, tensors from raw bytes),
-runs the check's pieces in order in a namespace holding only those values, and answers one
-JSON line: passed, value (the last expression, a number: partial credit), error, outputs.
-Hidden pieces come only from the solution notebook and never reach the sandbox; what they
-print is dropped, and their failure reads "a hidden test failed".
+``course grade`` starts ``python -m course.grading.verdict`` once per submission
+(``Checker``, from course.grading.runner): a fresh interpreter of the grader's own, never the
+submission's kernel or a child of it. For each test cell it reads one JSON line
+{"pieces": [[code, hidden], ...], "data": what the probe published, "names": what the check
+reads} on stdin, rebuilds the probe's values with course.grading.plain (exact built-in types,
+tensors from raw bytes), runs the check's pieces in order in a namespace holding only those
+values, and answers one JSON line: passed, value (the last expression, a number: partial
+credit), error, outputs. Hidden pieces come only from the solution notebook and never reach the
+sandbox; what they print is dropped, and their failure reads "a hidden test failed".
+Trusts: the check's code (the instructor's, from the solution notebook). Does not trust: the
+probe's data (the submission's kernel published it: decoded as plain data, or refused), nor the
+check's own behaviour (one that hangs or crashes fails its test, and the next starts anew).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import subprocess
 import sys
 import traceback
 
-from course import plain
+from course.grading import plain
 
 OUTPUT_LIMIT = 100_000  # characters of a check's own output kept for the feedback
 
@@ -43,7 +46,8 @@ def _error(ename: str, evalue: str, tb: list[str]) -> dict:
 def run_check(pieces: list, data, label: str = "check", names: list | None = None) -> dict:
     """Run a check's pieces on the probe's published ``data``; the verdict as a dict.
 
-    ``names``: what the check reads (course.cells.exports); anything else sent is ignored.
+    ``names``: what the check reads (course.grading.cells.exports); anything else sent is
+    ignored.
     """
     try:
         namespace = plain.decode_probe(data)
@@ -132,7 +136,7 @@ def credit(value) -> tuple[float | None, str | None]:
 
 
 def main() -> None:
-    """Answer check requests from stdin until it closes (run as ``python -m course.verdict``)."""
+    """Answer check requests from stdin until it closes (``python -m course.grading.verdict``)."""
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: not even the same uid may ptrace
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     sys.stdout = sys.stderr  # only answers go to the grader
@@ -149,14 +153,16 @@ def main() -> None:
 
 
 class Checker:
-    """The grader's side: a fresh ``python -m course.verdict`` per submission, started lazily."""
+    """The grader's side: a fresh ``python -m course.grading.verdict`` per submission, started
+    lazily."""
 
     def __init__(self, cwd: str, timeout: float, log=None):
         self.cwd, self.timeout, self.log, self.proc, self.buf = cwd, timeout, log, None, b""
 
     def _start(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-P", "-m", "course.verdict"],  # -P: not the job folder on sys.path
+            # -P: not the job folder on sys.path
+            [sys.executable, "-P", "-m", "course.grading.verdict"],
             cwd=self.cwd,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

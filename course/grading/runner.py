@@ -1,0 +1,298 @@
+"""One submission end to end: read, assemble, run in the sandbox, watch, check, score.
+
+``grade_one`` takes a submission to its Result: the notebook assembled (course.grading.assemble)
+is written as a job into a folder only the grader can enter, and run by
+``python -m course.grading.sandbox`` (in private namespaces, its kernel in bubblewrap as the
+slot's uid); the grader watches it against the wall-clock budget and the memory and process
+limits, reads the probes' data from its result pipe (``_Reader``), kills everything the
+submission started, and only then runs each test's check on that data in an interpreter of its
+own (course.grading.verdict) and scores it. The executed notebook, as the student will read it
+in the feedback, is written last.
+Trusts: the solution notebook, the grader's own interpreter and the sandbox runner's process
+(started here, root where the grader is root; it runs no student code). Does not trust:
+anything on the result pipe (the kernel may have forged it: a line too long is dropped, a probe
+for a test that does not exist is ignored, the data is checked only as plain data), nor the
+submission's processes (stopped at the first limit they pass, killed whatever they did).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import nbformat
+
+from course.grading import cells
+from course.grading.assemble import assemble, split_tests
+from course.grading.isolation import UNSAFE, UNSAFE_NOTE, Group, Isolation, alive, usage
+from course.grading.results import Limits, Question, Result, blank_scores
+from course.grading.submission import load_submission
+from course.grading.verdict import Checker
+
+
+def grade_one(
+    path: Path,
+    source,
+    qs: list[Question],
+    work: Path,
+    limits: Limits,
+    iso: Isolation,
+    uid: int | None,
+    parameters: dict,
+    cpus: list[int] | None,
+    stop: threading.Event,
+) -> Result:
+    """The Result of the submission at ``path``, graded against ``source`` as ``uid`` on
+    ``cpus``; ``work`` holds the job's private folder (its logs and executed notebook stay there).
+    ``stop`` set: the run ends at once, as "interrupted"."""
+    student = path.stem if path.is_file() else path.name
+    start = time.monotonic()
+    nb, reason = load_submission(path)
+    if nb is None:
+        return Result(student, "invalid", reason, blank_scores(qs))
+    graded_nb, flags = assemble(source, nb, parameters)
+    tests = split_tests(graded_nb)
+    marker = uuid.uuid4().hex
+    private = Path(tempfile.mkdtemp(prefix="job-", dir=work))
+    workdir = Path(tempfile.mkdtemp(prefix=f"grade-{student[:20]}-"))
+    if uid is not None:
+        os.chown(workdir, uid, uid)
+    job = _job(graded_nb, workdir, marker, limits, iso, uid, cpus)
+    group = Group(iso, marker, uid, limits, cpus)
+    runner, read_fd = _start_runner(private, job, group, iso, marker, cpus)
+    result = Result(student, "graded", flags=flags)
+    lines = _Reader(read_fd)
+    try:
+        status, reason, notebook, probes = _watch(
+            runner, lines, group, limits, stop, start + limits.budget, tests, result
+        )
+    finally:
+        group.kill(alive([runner.pid]) if runner.poll() is None else [])
+        runner.wait()
+        lines.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+    if notebook is None and status == "graded":
+        status, reason = "error", reason or "the run ended without a result (see runner.log)"
+    if lines.dropped:
+        reason = "; ".join(filter(None, [reason, f"{lines.dropped} result(s) over the size cap"]))
+    outputs = _score(qs, tests, probes, private, limits, result)
+    result.scores = {**blank_scores(qs), **result.scores}
+    result.status, result.reason, result.seconds = status, reason, time.monotonic() - start
+    if iso.mode == UNSAFE:  # said wherever a grade is read: the gradebook and the feedback
+        result.reason = "; ".join(filter(None, [reason, "UNSAFE: graded without isolation"]))
+        result.flags.append(UNSAFE_NOTE)
+    result.executed = _write_executed(notebook, tests, outputs, private)
+    return result
+
+
+def _job(graded_nb, workdir: Path, marker: str, limits: Limits, iso: Isolation, uid, cpus) -> dict:
+    """What the sandbox runner is told: the notebook, its timeouts and its limits, and the
+    kernel's whole environment (under bwrap it starts empty: nothing of the grader's)."""
+    rlimits = {"RLIMIT_CPU": int(limits.budget) + 5, "RLIMIT_FSIZE": limits.file_size}
+    if uid is not None:
+        rlimits["RLIMIT_NPROC"] = limits.processes
+    env = {
+        "PATH": f"{sys.prefix}/bin:/usr/local/bin:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "HOME": str(workdir),
+        "TMPDIR": str(workdir),  # caches (torch's inductor, matplotlib) go where rmtree goes
+        "USER": "student",
+        "LOGNAME": "student",
+        "MPLBACKEND": "Agg",
+        "HELPERS_LAUNCH_TIMEOUT": str(int(limits.cell_timeout)),
+        "COURSE_GRADE_JOB": marker,
+    }
+    return {
+        "notebook": graded_nb,
+        "cell_timeout": limits.cell_timeout,
+        "workdir": str(workdir),
+        "limits": {"uid": uid, "rlimits": rlimits, "env": env, "cpus": cpus},
+        "netns": iso.namespaces,
+        "bwrap": iso.strong,
+        "isolation": iso.describe(),
+    }
+
+
+def _start_runner(private: Path, job: dict, group: Group, iso: Isolation, marker: str, cpus):
+    """Write the job into ``private`` (the grader's alone) and start the sandbox runner on it,
+    in private namespaces and in the submission's cgroup. Returns (runner, result pipe fd)."""
+    if cpus:
+        how = "a cpuset" if group.cpuset else "affinity only: the submission could widen it"
+        job["isolation"].append(f"cores: {', '.join(map(str, cpus))} ({how})")
+    job["cgroups"] = [str(d) for d in group.dirs]
+    (private / "job.json").write_text(json.dumps(job))
+    os.chmod(private, 0o700)
+    read_fd, write_fd = os.pipe()
+    prefix = ["unshare", "--net", "--mount", "--fork", "--"] if iso.namespaces else []
+    command = [sys.executable, "-m", "course.grading.sandbox", str(private / "job.json")]
+    with open(private / "runner.log", "wb") as log:  # the child keeps its own copy of the fd
+        runner = subprocess.Popen(
+            prefix + command + [str(write_fd)],
+            pass_fds=(write_fd,),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            start_new_session=True,
+            env={**os.environ, "COURSE_GRADE_JOB": marker},
+        )
+    os.close(write_fd)
+    group.add(runner.pid)
+    return runner, read_fd
+
+
+def _watch(runner, lines, group: Group, limits: Limits, stop, deadline: float, tests, result):
+    """Read the runner's messages until it ends or the submission passes a limit.
+
+    Returns (status, reason, the executed notebook or None, {grade_id: probe message}); the
+    isolation the runner reports goes into ``result``. A probe for no test of ours is ignored."""
+    status, reason, notebook, probes = "graded", "", None, {}
+    while True:
+        msg = lines.next(timeout=0.25)
+        if msg is not None:
+            if "isolation" in msg:
+                result.isolation = msg["isolation"]
+            elif "grade_id" in msg:
+                if msg["grade_id"] in tests:
+                    probes[msg["grade_id"]] = msg
+            elif "notebook" in msg:
+                notebook = msg["notebook"]
+                if msg.get("dead"):
+                    reason = msg["dead"]
+            elif "fatal" in msg:
+                status, reason = "error", msg["fatal"]
+            continue
+        if lines.eof and runner.poll() is not None:
+            break
+        stopped = _past_a_limit(runner, group, limits, stop, deadline)
+        if stopped:
+            status, reason = stopped
+            break
+    return status, reason, notebook, probes
+
+
+def _past_a_limit(runner, group: Group, limits: Limits, stop, deadline: float):
+    """(status, reason) if the run must stop now (interrupted, budget, memory, processes)."""
+    if stop.is_set():
+        return "interrupted", "grading was interrupted"
+    if time.monotonic() > deadline:
+        return "timeout", f"over the {limits.budget:g} s budget: stopped, later tests score 0"
+    procs = group.members() or alive([runner.pid])
+    rss, count = usage(procs)
+    measured = group.memory()
+    rss = measured if measured is not None else rss  # summed RSS counts shared pages twice
+    if rss > limits.memory:
+        return (
+            "memory",
+            f"used {rss / 2**30:.1f} GiB, over the {limits.memory / 2**30:.1f} GiB limit",
+        )
+    if count > limits.processes:
+        return "processes", f"started {count} processes, over the limit of {limits.processes}"
+    return None
+
+
+def _score(qs: list[Question], tests: dict, probes: dict, private: Path, limits: Limits, result):
+    """The verdicts, now that nothing of the submission runs any more: each check on its data,
+    in a checker of the grader's. Scores and errors go into ``result``; returns each test's
+    check outputs, for the executed notebook."""
+    outputs = {}
+    with open(private / "checker.log", "wb") as log:
+        checker = Checker(str(private), limits.cell_timeout, log)
+        try:
+            for q in qs:
+                probe = probes.get(q.grade_id)
+                if probe is None:
+                    continue
+                if probe.get("probe_error"):
+                    verdict = {"passed": False, "error": str(probe["probe_error"]), "outputs": []}
+                else:
+                    test = tests[q.grade_id]
+                    verdict = checker.check(
+                        test["check"], probe.get("data"), q.grade_id, test["names"]
+                    )
+                result.scores[q.grade_id] = _points(q, verdict)
+                if verdict["error"]:
+                    result.errors[q.grade_id] = verdict["error"]
+                outputs[q.grade_id] = verdict["outputs"]
+        finally:
+            checker.close()
+    return outputs
+
+
+def _points(q: Question, verdict: dict) -> float:
+    """Full points for a check that ran to its end; a number it ended with is partial credit,
+    capped to [0, points]. A number that is not finite scores 0, and says so in the verdict."""
+    value = q.points if verdict["passed"] else 0.0
+    number = verdict.get("value") if verdict["passed"] else None
+    if number is not None and math.isfinite(float(number)):
+        value = max(0.0, min(q.points, float(number)))
+    elif number is not None:  # checked in the checker too: never a NaN's full marks
+        value, verdict["error"] = 0.0, f"partial credit {number} is not finite"
+    return value
+
+
+def _write_executed(notebook, tests: dict, outputs: dict, private: Path) -> Path | None:
+    """The executed notebook as the student sees it, each test with both halves as released
+    and its check's outputs; written to ``private``. None when the run gave no notebook."""
+    if notebook is None:
+        return None
+    notebook = nbformat.from_dict(notebook)
+    for cell in notebook.cells:
+        gid = cells.grade_id(cell)
+        if gid in tests and cell.get("metadata", {}).get("grader_test"):
+            cell.source = tests[gid]["released"]
+            cell.outputs = list(cell.get("outputs", [])) + [
+                nbformat.from_dict(o) for o in outputs.get(gid, [])
+            ]
+    nbformat.write(notebook, private / "executed.ipynb")
+    return private / "executed.ipynb"
+
+
+class _Reader:
+    """JSON lines from the runner's result pipe, read without blocking past a timeout.
+
+    A line longer than MAX_LINE (the notebook's sources, its capped outputs and one probe's
+    capped data fit well below it) is dropped as it streams, so the grader's memory stays
+    bounded whatever comes down the pipe."""
+
+    MAX_LINE = 128 * 2**20
+
+    def __init__(self, fd: int):
+        self.fd, self.buf, self.eof = fd, b"", False
+        self.skipping, self.dropped = False, 0  # inside an over-long line; how many so far
+
+    def next(self, timeout: float):
+        import select
+
+        while True:
+            if b"\n" in self.buf:
+                line, self.buf = self.buf.split(b"\n", 1)
+                if self.skipping:  # the tail of a dropped line
+                    self.skipping = False
+                    continue
+                if len(line) > self.MAX_LINE:  # whole in the buffer: one read completed it
+                    self.dropped += 1
+                    continue
+                try:
+                    return json.loads(line)
+                except ValueError:
+                    return None
+            if self.eof or not select.select([self.fd], [], [], timeout)[0]:
+                return None
+            chunk = os.read(self.fd, 1 << 20)
+            if not chunk:
+                self.eof = True
+            self.buf += chunk
+            if b"\n" not in self.buf and len(self.buf) > self.MAX_LINE:
+                self.buf, self.skipping, self.dropped = b"", True, self.dropped + 1
+
+    def close(self) -> None:
+        os.close(self.fd)

@@ -1,0 +1,96 @@
+"""Reading a submission safely: a notebook file, or a folder holding one, or a reason why not.
+
+The grader may run as root, and a submission is anything a student could upload: a symbolic
+link, a hard link or a device file could make it read the solutions or a classmate's work and
+show them in the feedback, a FIFO could hang it, a huge file could exhaust its memory. So a
+folder is walked without following links and refused whole if anything in it is not a plain
+file or folder; the notebook is opened without following a link, checked to be a regular file
+with one name, read up to a cap, and parsed as JSON, then as a notebook.
+Trusts: nothing of the submission; a refusal is a reason the student reads in the feedback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import nbformat
+
+MAX_SUBMISSION = 64 * 2**20  # bytes of a submitted notebook, outputs included
+
+
+def _notebooks_in(folder: Path) -> tuple[list[Path], str | None]:
+    """The folder's notebooks, walking without following links; a reason if anything is unsafe.
+
+    The grader may run as root: a link (or a hard link, or a device file) in a submission could
+    make it read the solutions or a classmate's work and show them in the feedback.
+    """
+    found = []
+    for root, dirs, files in os.walk(folder, followlinks=False):
+        for name in dirs + files:
+            p = Path(root, name)
+            st = p.lstat()
+            rel = p.relative_to(folder)
+            if p.is_symlink():
+                return [], f"{rel} is a symbolic link: links are not accepted in a submission"
+            if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+                return [], f"{rel} is not a regular file: submit only files and folders"
+            if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                return [], f"{rel} is a hard link to another file: submit a copy"
+        dirs[:] = [d for d in dirs if d != ".ipynb_checkpoints"]
+        found += [Path(root, f) for f in files if f.endswith(".ipynb")]
+    return sorted(found), None
+
+
+def _read_regular(path: Path) -> tuple[bytes | None, str | None]:
+    """The bytes of a regular file opened without following a link, or a reason."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        return None, f"{path.name} cannot be read safely ({exc.strerror})"
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            return None, f"{path.name} is not a regular file"
+        if st.st_nlink > 1:
+            return None, f"{path.name} is a hard link to another file: submit a copy"
+        raw = f.read(MAX_SUBMISSION + 1)
+        if len(raw) > MAX_SUBMISSION:
+            return None, (
+                f"{path.name} is over {MAX_SUBMISSION // 2**20} MiB: clear its outputs "
+                "(Edit > Clear Outputs of All Cells) and submit again"
+            )
+        return raw, None
+
+
+def load_submission(path: Path):
+    """(notebook, None) or (None, reason) for anything that is not a readable notebook."""
+    if path.is_symlink():
+        return None, f"{path.name} is a symbolic link: submit the notebook itself"
+    if path.is_dir():
+        found, refused = _notebooks_in(path)
+        if refused:
+            return None, refused
+        if not found:
+            return None, "no .ipynb file in the submission folder"
+        path = found[0]
+    if path.suffix != ".ipynb":
+        return None, f"not a notebook ({path.name})"
+    raw, refused = _read_regular(path)
+    if refused:
+        return None, refused
+    if not raw.strip():
+        return None, "empty file"
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return None, f"not valid JSON ({str(exc)[:80]})"
+    if not isinstance(data, dict) or "cells" not in data and "worksheets" not in data:
+        return None, "JSON, but not a notebook (no cells)"
+    try:
+        nb = nbformat.reads(raw.decode("utf-8"), as_version=4)
+    except Exception as exc:
+        return None, f"unreadable notebook format ({type(exc).__name__}: {str(exc)[:80]})"
+    return nb, None
