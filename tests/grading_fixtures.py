@@ -1,6 +1,6 @@
 """A small nbgrader-format assignment and submissions to grade (good, wrong, hostile, broken).
 
-Shared by tests/test_grade.py and benchmarks/grading_bench.py. The assignment is plain Python
+Shared by tests/grading/test_grade.py and benchmarks/grading_bench.py. The assignment is plain Python
 (no ranks), so nbgrader's own autograder can grade it too.
 """
 

@@ -15,7 +15,7 @@ import rankfns
 import helpers
 from helpers.tools import multinode
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]  # tests/: rankfns lives there
 TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent))
 
 

@@ -27,7 +27,7 @@ import psutil
 import pytest
 from conftest import is_rank
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SHOTS = REPO / "build" / "screenshots"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = [

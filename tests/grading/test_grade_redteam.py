@@ -29,7 +29,7 @@ from course.grading.submission import load_submission
 from course.release import student_version
 
 LIMITS = Limits(cell_timeout=30, budget=90)
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the course
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the course
 
 
 @pytest.fixture(scope="module")
