@@ -256,6 +256,11 @@ def run(job: dict, emit) -> None:
 
 
 def _run(job: dict, emit, nb, probes: dict, timeout_output) -> None:
+    """Run every code cell of the assembled notebook in the sandboxed kernel, emitting each test
+    cell's probe and then the notebook. Long because its NotebookClient subclass lives here:
+    nbclient is imported only when a notebook runs (the ``--probe`` path never pays for it), and
+    the subclass's overrides (the output caps, the message filter, the connection file's place)
+    read best beside the loop they guard."""
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionComplete, CellTimeoutError, DeadKernelError

@@ -43,6 +43,28 @@ def _error(ename: str, evalue: str, tb: list[str]) -> dict:
     return {"output_type": "error", "ename": ename, "evalue": evalue, "traceback": tb}
 
 
+def _failed(exc, hidden: bool, filename: str, outputs: list, out, err) -> dict:
+    """The verdict of a check piece that raised: a hidden piece says only that it failed (its
+    code, message and output stay with the grader); a released one shows its traceback, cut to
+    the check's own frames, and what it printed."""
+    if hidden:
+        failure = _error(type(exc).__name__, "a hidden test failed", [])
+    else:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == filename]
+        tb = "Traceback (most recent call last):\n" + "".join(traceback.format_list(frames))
+        tb += "".join(traceback.format_exception_only(exc))
+        failure = _error(type(exc).__name__, str(exc)[:2000], [tb[-5000:]])
+        outputs = outputs + [
+            _output(n, s.getvalue()) for n, s in (("stdout", out), ("stderr", err))
+        ]
+    return {
+        "passed": False,
+        "value": None,
+        "error": f"{failure['ename']}: {failure['evalue']}",
+        "outputs": [o for o in outputs if o.get("text", True)] + [failure],
+    }
+
+
 def run_check(pieces: list, data, label: str = "check", names: list | None = None) -> dict:
     """Run a check's pieces on the probe's published ``data``; the verdict as a dict.
 
@@ -80,23 +102,7 @@ def run_check(pieces: list, data, label: str = "check", names: list | None = Non
                 if last is not None:
                     value = eval(compile(last, filename, "eval"), namespace)
         except (Exception, SystemExit) as exc:
-            if hidden:
-                failure = _error(type(exc).__name__, "a hidden test failed", [])
-            else:
-                frames = [
-                    f for f in traceback.extract_tb(exc.__traceback__) if f.filename == filename
-                ]
-                tb = "Traceback (most recent call last):\n" + "".join(traceback.format_list(frames))
-                tb += "".join(traceback.format_exception_only(exc))
-                failure = _error(type(exc).__name__, str(exc)[:2000], [tb[-5000:]])
-                outputs += [_output(n, s.getvalue()) for n, s in (("stdout", out), ("stderr", err))]
-            outputs = [o for o in outputs if o.get("text", True)] + [failure]
-            return {
-                "passed": False,
-                "value": None,
-                "error": f"{failure['ename']}: {failure['evalue']}",
-                "outputs": outputs,
-            }
+            return _failed(exc, hidden, filename, outputs, out, err)
         finally:
             linecache.cache.pop(filename, None)
         if not hidden:
