@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import stat
 from pathlib import Path
 
 import nbformat
 
 from course.grading.reports import write_gradebook
 from course.grading.results import Limits, Result, questions
+from course.grading.submission import MAX_SUBMISSION
 
 VERSION = "4"  # part of the resume key: bump when scoring or isolation changes
 MANIFEST = "shard.json"
@@ -35,13 +38,42 @@ def submission_key(
     h.update(json.dumps(limits.__dict__, sort_keys=True).encode() + isolation.encode())
     if path.is_symlink():  # refused when graded; never read through here
         return h.hexdigest()
-    files = sorted(path.rglob("*")) if path.is_dir() else [path]
-    for f in files:
-        if f.is_file() and not f.is_symlink():
-            h.update(
-                str(f.relative_to(path) if path.is_dir() else f.name).encode() + f.read_bytes()
-            )
+    for name, f in _files(path, h):
+        h.update(name.encode())
+        _hash_file(f, h)
     return h.hexdigest()
+
+
+def _files(path: Path, h) -> list[tuple[str, Path]]:
+    """(name, path) of every regular file of a submission, sorted; a folder that cannot be
+    listed (nested past the path limit, unreadable) goes into ``h`` as its error, so the key is
+    stable and the batch goes on (grading then says what is wrong with it)."""
+    if not path.is_dir():
+        return [(path.name, path)]
+    found = []
+    for root, _dirs, files in os.walk(path, onerror=lambda e: h.update(f"{e}".encode())):
+        for name in files:
+            f = Path(root, name)
+            found.append((str(f.relative_to(path)), f))
+    return sorted(found)
+
+
+def _hash_file(f: Path, h) -> None:
+    """A file's bytes into ``h``, streamed; one over MAX_SUBMISSION (never graded: a notebook
+    that large is refused) by its size and time only, so a 1 TiB sparse file costs nothing."""
+    try:
+        st = f.lstat()
+        if not stat.S_ISREG(st.st_mode):
+            h.update(b"not a regular file")
+            return
+        if st.st_size > MAX_SUBMISSION:
+            h.update(f"{st.st_size} {st.st_mtime_ns}".encode())
+            return
+        with open(f, "rb") as stream:
+            while chunk := stream.read(1 << 20):
+                h.update(chunk)
+    except OSError as exc:
+        h.update(f"{exc}".encode())
 
 
 def save_result(r: Result, path: Path) -> None:

@@ -27,11 +27,15 @@ def _notebooks_in(folder: Path) -> tuple[list[Path], str | None]:
     The grader may run as root: a link (or a hard link, or a device file) in a submission could
     make it read the solutions or a classmate's work and show them in the feedback.
     """
-    found = []
-    for root, dirs, files in os.walk(folder, followlinks=False):
+    found, unreadable = [], []
+    for root, dirs, files in os.walk(folder, followlinks=False, onerror=unreadable.append):
         for name in dirs + files:
             p = Path(root, name)
-            st = p.lstat()
+            try:
+                st = p.lstat()
+            except OSError as exc:
+                unreadable.append(exc)
+                break
             rel = p.relative_to(folder)
             if p.is_symlink():
                 return [], f"{rel} is a symbolic link: links are not accepted in a submission"
@@ -39,8 +43,13 @@ def _notebooks_in(folder: Path) -> tuple[list[Path], str | None]:
                 return [], f"{rel} is not a regular file: submit only files and folders"
             if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
                 return [], f"{rel} is a hard link to another file: submit a copy"
+        if unreadable:
+            break
         dirs[:] = [d for d in dirs if d != ".ipynb_checkpoints"]
         found += [Path(root, f) for f in files if f.endswith(".ipynb")]
+    if unreadable:  # a folder nested past the path limit, or one the grader cannot list
+        why = unreadable[0].strerror or type(unreadable[0]).__name__
+        return [], f"part of the submission cannot be read ({why}): submit a shallower folder"
     return sorted(found), None
 
 

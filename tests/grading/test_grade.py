@@ -174,10 +174,30 @@ def test_hostile_and_broken_submissions(assignment, tmp_path):
         for k, v in subs.items()
     }
     folder = write(tmp_path / "subs", subs)
+    # Folders that once stopped the whole batch before any grading (issue 30): a 1 TiB sparse
+    # file beside the notebook (the resume key read it whole: MemoryError), and a folder nested
+    # past the path limit (listing it raised ENAMETOOLONG).
+    sparse = folder / "sparse_tib"
+    sparse.mkdir()
+    nbformat.write(student, sparse / "lab.ipynb")
+    with open(sparse / "data.bin", "wb") as f:
+        f.truncate(2**40)
+    deep = folder / "too_deep"
+    deep.mkdir()
+    nbformat.write(student, deep / "lab.ipynb")
+    fd = os.open(deep, os.O_RDONLY)
+    for _ in range(25):  # 25 × 201 characters: past PATH_MAX (4096)
+        os.mkdir("d" * 200, dir_fd=fd)
+        inner = os.open("d" * 200, os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    os.close(fd)
     limits = Limits(cell_timeout=8, budget=60, memory=1536 * 2**20, processes=64)
     results = grade(src, folder, tmp_path / "out", jobs=2, limits=limits, progress=False)
     r = {k: (v.status, v.total, v.reason, v.flags, v.errors) for k, v in results.items()}
-    assert len(results) == len(subs)  # nobody aborted the batch
+    assert len(results) == len(subs) + 2  # nobody aborted the batch
+    assert r["sparse_tib"][:2] == ("graded", 6.0)  # only the notebook is read
+    assert r["too_deep"][0] == "invalid" and "File name too long" in r["too_deep"][2]
 
     assert r["fake_success"][1] == 0.0
     assert r["sys_exit"][1] == 6.0  # SystemExit in a cell is an error of that cell; tests still run
