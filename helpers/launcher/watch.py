@@ -8,10 +8,12 @@ few microseconds per call, small beside any collective.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 # The calls that communicate. Point-to-point calls are not counted in a group's sequence.
@@ -66,6 +68,7 @@ class Call:
     nbytes: int  # bytes of the tensors passed in (the op's own payload is op-specific)
     start: float = field(default_factory=time.time)
     end: float | None = None
+    waiting: bool = False  # in Work.wait() of this call, issued earlier with async_op=True
 
     def describe(self) -> str:
         """A one-line description, e.g. 'all_reduce(float32[1]) #3 on world'."""
@@ -73,7 +76,8 @@ class Call:
         if self.peer is not None:
             peer = f", {'dst' if self.op in ('send', 'reduce', 'gather') else 'src'}={self.peer}"
         where = f" #{self.seq} on {self.group}" if self.seq is not None else f" on {self.group}"
-        return f"{self.op}({self.tensors}{peer}){where}"
+        waiting = " (its wait(), issued with async_op=True)" if self.waiting else ""
+        return f"{self.op}({self.tensors}{peer}){where}{waiting}"
 
 
 class _State:
@@ -87,6 +91,10 @@ class _State:
 
 STATE = _State()
 _installed = False
+# The asynchronous calls not yet waited on, by id of their Work (a Work takes no attributes and
+# no weak references); bounded, for Works that are never waited on (their futures are used).
+_PENDING: OrderedDict[int, Call] = OrderedDict()
+MAX_PENDING = 4096
 
 
 def _shape(t) -> str:
@@ -153,15 +161,43 @@ def _wrap(op: str, fn):
         outer = STATE.current
         STATE.current = call
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
         finally:
             call.end = time.time()
             STATE.current, STATE.last = outer, call
             for listener in STATE.listeners:
                 listener(call)
+        if result is not None and hasattr(result, "wait"):  # async_op=True: a Work to wait on
+            with STATE.lock:
+                _PENDING[id(result)] = call
+                while len(_PENDING) > MAX_PENDING:
+                    _PENDING.popitem(last=False)
+        return result
 
     watched.__watched__ = fn
     return watched
+
+
+def _watch_wait(wait):
+    """Work.wait, recording that the rank is blocked in the collective the Work came from: a
+    rank stuck in an asynchronous all-reduce's wait() is as stuck as one in a blocking call,
+    and the diagnosis compares it with the other ranks the same way."""
+
+    @functools.wraps(wait)
+    def watched_wait(work, *args, **kwargs):
+        with STATE.lock:
+            issued = _PENDING.pop(id(work), None)
+        if issued is None:
+            return wait(work, *args, **kwargs)
+        outer = STATE.current
+        STATE.current = dataclasses.replace(issued, start=time.time(), end=None, waiting=True)
+        try:
+            return wait(work, *args, **kwargs)
+        finally:
+            STATE.current = outer
+
+    watched_wait.__watched__ = wait
+    return watched_wait
 
 
 def install() -> None:
@@ -175,6 +211,9 @@ def install() -> None:
         fn = getattr(dist, op, None)
         if fn is not None and not hasattr(fn, "__watched__"):
             setattr(dist, op, _wrap(op, fn))
+    work = getattr(dist, "Work", None)
+    if work is not None and not hasattr(work.wait, "__watched__"):
+        work.wait = _watch_wait(work.wait)
     _installed = True
 
 
@@ -183,3 +222,4 @@ def reset() -> None:
     with STATE.lock:
         STATE.current = STATE.last = None
         STATE.seq.clear()
+        _PENDING.clear()

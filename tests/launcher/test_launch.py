@@ -254,6 +254,39 @@ def test_different_collectives_at_the_same_point_are_named():
     assert "disagree on collective #0 on world" in str(info.value)
 
 
+def test_a_rank_waiting_on_an_asynchronous_collective_is_blocked_in_it():
+    """Lab 02's bug: a broadcast inside ``if rank == 0`` while the other rank goes on to an
+    async all-reduce. The rank is not running Python: it is blocked in that all-reduce's wait()."""
+
+    def skip_then_async():
+        t = torch.ones(2)
+        if dist.get_rank() == 0:
+            dist.broadcast(t, 0)  # rank 1 skips it
+        dist.all_reduce(t, async_op=True).wait()
+
+    with pytest.raises(LaunchTimeout) as info:
+        helpers.launch(skip_then_async, world_size=2, timeout=2)
+    msg = str(info.value)
+    assert (
+        "rank 1: blocked in all_reduce(float32[2]) #0 on world (its wait(), issued with "
+        "async_op=True)" in msg
+    ), msg
+    assert "disagree on collective #0 on world" in msg and "rank 0: broadcast" in msg
+    assert "in no torch.distributed call" not in msg
+
+
+def test_an_asynchronous_collective_waited_on_later_still_works_and_is_traced():
+    def overlap():
+        t = torch.ones(3) * (dist.get_rank() + 1)
+        work = dist.all_reduce(t, async_op=True)
+        x = torch.ones(2) * 5  # work while the all-reduce runs
+        work.wait()
+        work.wait()  # a second wait is harmless
+        return t.tolist(), x.sum().item()
+
+    assert helpers.launch(overlap, world_size=2) == [([3.0, 3.0, 3.0], 10.0)] * 2
+
+
 def test_recv_recv_deadlock_is_explained():
     def both_receive():
         dist.recv(torch.zeros(2), src=1 - dist.get_rank())
