@@ -116,6 +116,11 @@ def segments(source: str) -> list[tuple[str, bool]]:
     return [(code, hidden) for code, hidden in out if code.strip()] or [("", False)]
 
 
+def check_of(source: str) -> str:
+    """The check half of a graded test cell, hidden tests included."""
+    return split_test(source)[1]
+
+
 def without_hidden(source: str, place: str = "test cell") -> str:
     """``source`` as released: the hidden test regions left out (line numbers not kept)."""
     lines = source.splitlines()
@@ -171,6 +176,95 @@ def _asserts(code: str) -> list[int]:
     return sorted(set(found))
 
 
+def _reads(node, names: set[str]) -> set[str]:
+    """The names of ``names`` that the expression ``node`` reads."""
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in names}
+
+
+def _strict_zip(node) -> bool:
+    return (
+        isinstance(node, ast.Call)
+        and getattr(node.func, "id", None) == "zip"
+        and any(
+            k.arg == "strict" and isinstance(k.value, ast.Constant) and k.value.value is True
+            for k in node.keywords
+        )
+    )
+
+
+def _len_asserted(tree) -> dict[str, int]:
+    """name -> first line of an ``assert`` whose test takes ``len(name)``."""
+    out: dict[str, int] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assert):
+            for call in ast.walk(node.test):
+                if (
+                    isinstance(call, ast.Call)
+                    and getattr(call.func, "id", None) == "len"
+                    and call.args
+                    and isinstance(call.args[0], ast.Name)
+                ):
+                    out.setdefault(call.args[0].id, node.lineno)
+    return out
+
+
+def probe_loops(check: str, probed: set[str]) -> list[tuple[int, str]]:
+    """(line, why) of every place where ``check`` lets the probe's data decide how many cases it
+    checks: a ``for`` loop, ``all(...)`` or ``any(...)`` over a probed value (sent empty, it
+    checks nothing and passes) whose length the check has not asserted before, or a ``zip``
+    without ``strict=True`` (a short list ends it early). The ways that hold: loop over the
+    check's own cases (zipped with the answers by ``zip(cases, answers, strict=True)``), assert
+    ``len(answers)`` first, or compare whole values."""
+    tree = ast.parse(check)
+    sized = _len_asserted(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "zip":
+            if not _strict_zip(node):
+                found.append((node.lineno, "zip(...) without strict=True"))
+        iters = []
+        if isinstance(node, (ast.For, ast.AsyncFor)):
+            iters = [node.iter]
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("all", "any"):
+            arg = node.args[0] if node.args else None
+            gens = arg.generators if isinstance(arg, (ast.GeneratorExp, ast.ListComp)) else []
+            iters = [g.iter for g in gens] or ([arg] if arg is not None else [])
+        for it in iters:
+            names = {n for n in _reads(it, probed) if sized.get(n, it.lineno + 1) > it.lineno}
+            own = _strict_zip(it) and any(not _reads(a, probed) for a in it.args)
+            if names and not own:
+                found.append((it.lineno, f"a loop over {', '.join(sorted(names))}"))
+    return sorted(set(found))
+
+
+def _changed_names(code: str) -> set[str]:
+    """Names ``code`` binds or changes in place (``d.update(...)``, ``d[k] = v``, ``x += 1``)."""
+    out = set(bound_names(code))
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if isinstance(node.func.value, ast.Name):
+                out.add(node.func.value.id)
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        targets = targets + ([node.target] if isinstance(node, ast.AugAssign) else [])
+        for t in targets:
+            if isinstance(t, (ast.Subscript, ast.Attribute)) and isinstance(t.value, ast.Name):
+                out.add(t.value.id)
+    return out
+
+
+def hidden_leaks(check: str) -> list[str]:
+    """Names a visible part of ``check`` reads after a hidden part set or changed them: its
+    messages reach the feedback and would show the hidden expectations."""
+    changed, leaks = set(), set()
+    for code, hidden in segments(check):
+        if hidden:
+            changed |= _changed_names(code)
+        else:
+            names = {n.id for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Name)}
+            leaks |= names & changed
+    return sorted(leaks)
+
+
 def validate_test(source: str, place: str) -> None:
     """A graded test cell follows the probe/check convention, as written and as released."""
     for begin, end in regions(source, "HIDDEN TESTS", place):
@@ -209,6 +303,22 @@ def validate_test(source: str, place: str) -> None:
                 f"{place}: the check reads {', '.join(code)}, which the probe imports or defines: "
                 "only plain values cross to the check; import or define it in the check"
             )
+        loops = probe_loops(check, read & set(bound))
+        if loops:
+            line, why = loops[0]
+            raise FormatError(
+                f"{place}: check line {line}: {why}{version}. The probe's values are the "
+                "submission's to choose: sent empty or short, such a check tests nothing and "
+                "passes. Loop over the cases the check itself lists, zipped with the answers "
+                "by zip(cases, answers, strict=True), or compare whole values"
+            )
+    leaks = hidden_leaks(check_of(source))
+    if leaks:
+        raise FormatError(
+            f"{place}: a visible part of the check reads {', '.join(leaks)} after a hidden part "
+            "set or changed it: a visible part's messages reach the feedback, and would show "
+            "the hidden expectations. Check the hidden cases inside the hidden part"
+        )
 
 
 def validate(nb) -> None:

@@ -163,6 +163,33 @@ test_cell.__test__ = False  # a helper, not a test
             "the check reads math, which the probe imports or defines",
         ),
         (test_cell("%time got = shard(4, 0, 2)\n# --- check ---\nassert got"), "plain Python"),
+        # Checks the probe's data can empty (issue 30): a submission that sends [] or {} would
+        # pass them without the work.
+        (
+            test_cell(
+                "got = [shard(4, 0, 2)]\n# --- check ---\nfor g in got:\n    assert g == [0, 2]"
+            ),
+            "check line 1: a loop over got",
+        ),
+        (
+            test_cell("oks = [shard(4, 0, 2) == [0, 2]]\n# --- check ---\nassert all(oks)"),
+            "a loop over oks",
+        ),
+        (
+            test_cell(
+                "got = [shard(4, 0, 2)]\n# --- check ---\n"
+                "assert list(zip(got, [[0, 2]])) == [([0, 2], [0, 2])]"
+            ),
+            r"zip\(...\) without strict=True",
+        ),
+        (
+            test_cell(
+                "got = {4: shard(4, 0, 2)}\n# --- check ---\nwant = {4: [0, 2]}\n"
+                "### BEGIN HIDDEN TESTS\nwant[5] = [0, 2, 4]\n### END HIDDEN TESTS\n"
+                "for n in want:\n    assert got[n] == want[n], (got[n], want[n])"
+            ),
+            "a visible part of the check reads want after a hidden part set or changed it",
+        ),
     ],
 )
 def test_authoring_errors_say_where_and_what(mutate, message):
@@ -170,6 +197,26 @@ def test_authoring_errors_say_where_and_what(mutate, message):
     mutate(nb)
     with pytest.raises(cells.FormatError, match=message):
         student_version(nb)
+
+
+@pytest.mark.parametrize(
+    "check",
+    [
+        # the check's own cases, zipped strictly with the answers
+        "for want, g in zip([[0, 2]], got, strict=True):\n    assert g == want",
+        # the length asserted before the loop
+        "assert len(got) == 1\nfor g in got:\n    assert g == [0, 2]",
+        # a whole value compared
+        "assert got == [[0, 2]]",
+        # a visible line after the hidden part that reads only the probe's data
+        "assert got == [[0, 2]]\n### BEGIN HIDDEN TESTS\nassert got[0][0] == 0\n"
+        "### END HIDDEN TESTS\nprint(got)",
+    ],
+)
+def test_checks_that_hold_against_any_probe_data_are_accepted(check):
+    nb = solution_notebook()
+    test_cell(f"got = [shard(4, 0, 2)]\n# --- check ---\n{check}")(nb)
+    student_version(nb)  # no FormatError
 
 
 def release_cli(solutions, labs):
