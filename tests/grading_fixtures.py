@@ -59,7 +59,7 @@ def source() -> nbformat.NotebookNode:
                 "want = [2.0, 5.0, 0.0]\n"
                 "### BEGIN HIDDEN TESTS\nwant.append(5.0)\n### END HIDDEN TESTS\n"
                 "assert len(means) == len(want), means\n"
-                "right = sum(math.isclose(got, w) for got, w in zip(means, want))\n"
+                "right = sum(math.isclose(got, w) for got, w in zip(means, want, strict=True))\n"
                 "3 * right / len(want)",
                 metadata=meta("test_mean", grade=True, points=3),
             ),

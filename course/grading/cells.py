@@ -252,16 +252,59 @@ def _changed_names(code: str) -> set[str]:
     return out
 
 
+def _names(node) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} if node else set()
+
+
+def _tainted(tree, changed: set[str]) -> set[str]:
+    """``changed`` and every name that takes a value from one of them (assigned from it, or a
+    loop variable over it), to a fixed point."""
+    tainted = set(changed)
+    while True:
+        before = len(tainted)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+                source, targets = node.iter, [node.target]
+            elif isinstance(node, ast.Assign):
+                source, targets = node.value, node.targets
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.NamedExpr)):
+                source, targets = node.value, [node.target]
+            else:
+                continue
+            if _names(source) & tainted:
+                for t in targets:
+                    tainted |= _names(t)
+        if len(tainted) == before:
+            return tainted
+
+
+def _shown(tree) -> set[str]:
+    """Names whose values a piece of a check can put in the feedback: in an assertion's
+    message, a print, an f-string, or a raised exception."""
+    shown = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assert):
+            shown |= _names(node.msg)
+        elif isinstance(node, ast.Raise):
+            shown |= _names(node.exc)
+        elif isinstance(node, ast.JoinedStr):
+            shown |= _names(node)
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print":
+            shown |= set().union(*map(_names, node.args)) if node.args else set()
+    return shown
+
+
 def hidden_leaks(check: str) -> list[str]:
-    """Names a visible part of ``check`` reads after a hidden part set or changed them: its
-    messages reach the feedback and would show the hidden expectations."""
+    """Names whose values a visible part of ``check`` can show after a hidden part set or
+    changed them (directly, or through a loop variable or an assignment): a visible part's
+    messages reach the feedback, and would show the hidden expectations."""
     changed, leaks = set(), set()
     for code, hidden in segments(check):
+        tree = ast.parse(code)
         if hidden:
             changed |= _changed_names(code)
-        else:
-            names = {n.id for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Name)}
-            leaks |= names & changed
+        elif changed:
+            leaks |= _shown(tree) & _tainted(tree, changed)
     return sorted(leaks)
 
 
@@ -315,8 +358,8 @@ def validate_test(source: str, place: str) -> None:
     leaks = hidden_leaks(check_of(source))
     if leaks:
         raise FormatError(
-            f"{place}: a visible part of the check reads {', '.join(leaks)} after a hidden part "
-            "set or changed it: a visible part's messages reach the feedback, and would show "
+            f"{place}: a visible part of the check can show {', '.join(leaks)}, which a hidden "
+            "part set or changed: a visible part's messages reach the feedback, and would show "
             "the hidden expectations. Check the hidden cases inside the hidden part"
         )
 

@@ -188,7 +188,16 @@ test_cell.__test__ = False  # a helper, not a test
                 "### BEGIN HIDDEN TESTS\nwant[5] = [0, 2, 4]\n### END HIDDEN TESTS\n"
                 "for n in want:\n    assert got[n] == want[n], (got[n], want[n])"
             ),
-            "a visible part of the check reads want after a hidden part set or changed it",
+            "a visible part of the check can show n, want, which a hidden part set",
+        ),
+        (  # through a loop variable: lab 01's test before the rule
+            test_cell(
+                "got = {4: shard(4, 0, 2)}\n# --- check ---\nwant = {4: [0, 2]}\n"
+                "### BEGIN HIDDEN TESTS\nwant.update({5: [0, 2, 4]})\n### END HIDDEN TESTS\n"
+                "for n, expected in want.items():\n"
+                "    assert got[n] == expected, f'gave {got[n]}, expected {expected}'"
+            ),
+            "a visible part of the check can show expected, which a hidden part set",
         ),
     ],
 )
