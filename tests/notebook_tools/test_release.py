@@ -197,7 +197,7 @@ test_cell.__test__ = False  # a helper, not a test
                 "for n, expected in want.items():\n"
                 "    assert got[n] == expected, f'gave {got[n]}, expected {expected}'"
             ),
-            "a visible part of the check can show expected, which a hidden part set",
+            "a visible part of the check can show expected, n, which a hidden part set",
         ),
     ],
 )
