@@ -105,6 +105,9 @@ def _job(graded_nb, workdir: Path, marker: str, limits: Limits, iso: Isolation, 
         "LANG": "C.UTF-8",
         "HOME": str(workdir),
         "TMPDIR": str(workdir),  # caches (torch's inductor, matplotlib) go where rmtree goes
+        # fontconfig's cache: without a writable one it prints "Fontconfig error" into the
+        # student's feedback on the first plot
+        "XDG_CACHE_HOME": str(workdir),
         "USER": "student",
         "LOGNAME": "student",
         "MPLBACKEND": "Agg",
@@ -127,7 +130,8 @@ def _start_runner(private: Path, job: dict, group: Group, iso: Isolation, marker
     in private namespaces and in the submission's cgroup. Returns (runner, result pipe fd)."""
     if cpus:
         how = "a cpuset" if group.cpuset else "affinity only: the submission could widen it"
-        job["isolation"].append(f"cores: {', '.join(map(str, cpus))} ({how})")
+        count = f"{len(cpus)} core{'s' if len(cpus) > 1 else ''}"
+        job["isolation"].append(f"{count}: cpu {', '.join(map(str, cpus))} ({how})")
     job["cgroups"] = [str(d) for d in group.dirs]
     (private / "job.json").write_text(json.dumps(job))
     os.chmod(private, 0o700)
