@@ -39,6 +39,11 @@ from course.grading.submission import load_submission
 from course.grading.verdict import Checker
 
 
+def launch_cap(cell_timeout: float) -> float:
+    """The longest a launch may run inside a graded cell: time left for its diagnosis."""
+    return cell_timeout - min(20.0, 0.2 * cell_timeout)
+
+
 def grade_one(
     path: Path,
     source,
@@ -111,7 +116,10 @@ def _job(graded_nb, workdir: Path, marker: str, limits: Limits, iso: Isolation, 
         "USER": "student",
         "LOGNAME": "student",
         "MPLBACKEND": "Agg",
-        "HELPERS_LAUNCH_TIMEOUT": str(int(limits.cell_timeout)),
+        # every launch ends (with its diagnosis of where each rank waits) before its cell's time
+        # limit interrupts it: the diagnosis needs up to ~15 s to gather every rank's state
+        "HELPERS_LAUNCH_TIMEOUT": str(launch_cap(limits.cell_timeout)),
+        "HELPERS_LAUNCH_TIMEOUT_CAP": str(launch_cap(limits.cell_timeout)),
         "COURSE_GRADE_JOB": marker,
     }
     return {

@@ -26,6 +26,10 @@ from helpers.launcher.world import BACKENDS, cpu_count, oversubscribed, thread_b
 
 OUTPUTS = ("live", "rank0", "grouped", "none")
 DEFAULT_TIMEOUT = float(os.environ.get("HELPERS_LAUNCH_TIMEOUT", "300"))
+# An upper bound on every launch, explicit timeouts included: `course grade` sets it below its
+# cell time limit, so a hung launch ends with its diagnosis in the feedback, not with the cell
+# interrupted in silence.
+TIMEOUT_CAP = float(os.environ.get("HELPERS_LAUNCH_TIMEOUT_CAP", "inf"))
 
 
 MAX_POOLS = 3  # warm pools kept (one per world_size/backend/threads), least recent dropped
@@ -82,6 +86,7 @@ def launch(
         raise ValueError(
             f"timeout must be a positive number of seconds (or math.inf), not {timeout!r}"
         )
+    timeout = min(timeout, TIMEOUT_CAP)
     threads = thread_budget(world_size, threads)
     payload = _pickle_call(fn, args, kwargs)
     # The ranks see the caller's working directory, import path and argv, as a thread would.

@@ -287,6 +287,28 @@ def test_an_asynchronous_collective_waited_on_later_still_works_and_is_traced():
     assert helpers.launch(overlap, world_size=2) == [([3.0, 3.0, 3.0], 10.0)] * 2
 
 
+def test_the_graders_cap_bounds_even_an_explicit_timeout():
+    """Under `course grade` a launch must end, with its diagnosis, before the cell's time limit
+    interrupts it: $HELPERS_LAUNCH_TIMEOUT_CAP bounds every launch, an explicit timeout too."""
+    code = (
+        "import helpers, time\n"
+        "try:\n"
+        "    helpers.launch(time.sleep, 60, world_size=1, timeout=600)\n"
+        "except helpers.LaunchTimeout as exc:\n"
+        "    print('TIMEOUT', str(exc).splitlines()[0])\n"
+    )
+    start = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "HELPERS_LAUNCH_TIMEOUT_CAP": "2"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "TIMEOUT launch did not finish within 2 s" in out.stdout, out.stdout + out.stderr
+    assert time.monotonic() - start < 60
+
+
 def test_recv_recv_deadlock_is_explained():
     def both_receive():
         dist.recv(torch.zeros(2), src=1 - dist.get_rank())
