@@ -119,7 +119,8 @@ def compare(samples: dict, unit: str = "", better: str = "lower", what: str = ""
     ma, mb = statistics.median(a), statistics.median(b)
     u = f" {unit}" if unit else ""
     of = f" ({what})" if what else ""
-    shown = f"{fmt(ma)}{u} ({_range(a)}) against {fmt(mb)}{u} ({_range(b)})"  # a, then b
+    k = _digits(a, b)
+    shown = f"{fmt(ma, k)}{u} ({_range(a, k)}) against {fmt(mb, k)}{u} ({_range(b, k)})"  # a, b
     numbers = {"a": ma, "b": mb, "ratio": ma / mb if mb else math.inf}
     chance = chance_separated(len(a), len(b))
     disjoint = max(a) < min(b) or max(b) < min(a)
@@ -135,12 +136,12 @@ def compare(samples: dict, unit: str = "", better: str = "lower", what: str = ""
         lo_r, hi_r = _ratio_range(a, b) if ma >= mb else _ratio_range(b, a)
         w, l_ = (a, b) if win == na else (b, a)
         shown = (
-            f"{win} {fmt(statistics.median(w))}{u} ({_range(w)}) against "
-            f"{lose} {fmt(statistics.median(l_))}{u} ({_range(l_)})"
+            f"{win} {fmt(statistics.median(w), k)}{u} ({_range(w, k)}) against "
+            f"{lose} {fmt(statistics.median(l_), k)}{u} ({_range(l_, k)})"
         )
         text = (
-            f"**{win}** is {good} than **{lose}**{of}: {shown}, a ratio of {fmt(hi / lo)}× "
-            f"({fmt(lo_r)}–{fmt(hi_r)}); the ranges do not overlap (chance of that with no real "
+            f"**{win}** is {good} than **{lose}**{of}: {shown}, a ratio of {fmt(hi / lo, k)}× "
+            f"({fmt(lo_r, k)}–{fmt(hi_r, k)}); the ranges do not overlap (chance of that with no real "
             f"difference: {chance:.2g})."
         )
         return Finding(text, f"{win} better", numbers)
@@ -172,10 +173,22 @@ def _pct(x: float) -> str:
     return f"{fmt(100 * x, 2)} %"
 
 
-def _range(values: list[float]) -> str:
+def _range(values: list[float], digits: int = 3) -> str:
     if len(values) == 1:
         return "one run"
-    return f"{fmt(min(values))}–{fmt(max(values))}"
+    return f"{fmt(min(values), digits)}–{fmt(max(values), digits)}"
+
+
+def _digits(a: list[float], b: list[float]) -> int:
+    """Significant digits that show two disjoint ranges apart (3, or more when they touch at
+    3): "0.501 (0.501–0.501) against 0.501 (0.501–0.501)" would read as a contradiction."""
+    if not (max(a) < min(b) or max(b) < min(a)):
+        return 3
+    lo, hi = (max(a), min(b)) if max(a) < min(b) else (max(b), min(a))
+    digits = 3
+    while digits < 8 and fmt(lo, digits) == fmt(hi, digits):
+        digits += 1
+    return digits
 
 
 def _ratio_range(big: list[float], small: list[float]) -> tuple[float, float]:

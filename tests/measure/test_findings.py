@@ -155,3 +155,13 @@ def test_a_group_joined_through_a_wide_range_still_names_its_separated_pairs():
     assert "No complete ordering" in f.text and "DP below PP" in f.text
     # what compare() says of the pair, order() does not contradict
     assert findings.compare({"DP": [10, 10.5, 11], "PP": [12, 12.5, 13]}).verdict == "DP better"
+
+
+def test_ranges_separated_beyond_three_digits_are_printed_apart():
+    """Lab 04's m = 1 line read "0.501 (0.501–0.501) against 0.501 (0.501–0.501) … the ranges
+    do not overlap": as many digits as it takes to show the gap."""
+    f = findings.compare({"GPipe": [0.50118, 0.50119, 0.50120], "1F1B": [0.50130, 0.50131, 0.5014]})
+    assert f.verdict == "GPipe better"
+    assert "GPipe 0.5012 (0.5012–0.5012) against 1F1B 0.5013 (0.5013–0.5014)" in str(f)
+    overlapping = findings.compare({"a": [1.0, 1.1, 1.2], "b": [1.1, 1.2, 1.3]})
+    assert "1.10 (1.00–1.20) against 1.20 (1.10–1.30)" in str(overlapping)  # 3 digits as before
