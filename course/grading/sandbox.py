@@ -58,8 +58,11 @@ def loopback_up() -> bool:
 
 
 # What a kernel may see of /etc: the dynamic loader's cache, names of users and hosts (gloo
-# resolves "localhost"), the time zone. Nothing else of the machine's configuration.
+# resolves "localhost"), the time zone, fontconfig's configuration (without it every plot prints
+# "Fontconfig error: Cannot load default config file" into the feedback). Nothing else of the
+# machine's configuration.
 ETC = (
+    "fonts",
     "ld.so.cache",
     "ld.so.conf",
     "ld.so.conf.d",

@@ -179,7 +179,7 @@ def test_hostile_and_broken_submissions(assignment, tmp_path):
     # past the path limit (listing it raised ENAMETOOLONG).
     sparse = folder / "sparse_tib"
     sparse.mkdir()
-    nbformat.write(student, sparse / "lab.ipynb")
+    nbformat.write(answer(student), sparse / "lab.ipynb")
     with open(sparse / "data.bin", "wb") as f:
         f.truncate(2**40)
     deep = folder / "too_deep"

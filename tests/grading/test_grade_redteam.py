@@ -163,6 +163,10 @@ for folder in ("/tmp", "/var/tmp", "/dev/shm"):
     with open(os.path.join(folder, "planted-WHO"), "w") as f:
         f.write("for the next job")
 seen["plants"] = plants
+# matplotlib builds its font cache with fc-list: fontconfig must find its configuration and a
+# writable cache, or it prints an error into every first plot's output
+seen["fc_list"] = subprocess.run(["fc-list"], capture_output=True, text=True).stderr \
+    if os.path.exists("/usr/bin/fc-list") else "no fc-list"
 print("SEEN " + json.dumps(seen))
 """
 
@@ -179,7 +183,12 @@ def seen(results, name) -> dict:
 
 
 ENV_ALLOWED = {"PATH", "LANG", "HOME", "TMPDIR", "USER", "LOGNAME", "MPLBACKEND", "PWD"}
-ENV_ALLOWED |= {"HELPERS_LAUNCH_TIMEOUT", "COURSE_GRADE_JOB"}
+ENV_ALLOWED |= {
+    "HELPERS_LAUNCH_TIMEOUT",
+    "HELPERS_LAUNCH_TIMEOUT_CAP",
+    "COURSE_GRADE_JOB",
+    "XDG_CACHE_HOME",
+}
 # set by the kernel itself (ipykernel's shell, Python's locale coercion), not inherited
 ENV_ALLOWED |= {
     "TERM",
@@ -222,6 +231,7 @@ def test_a_submission_sees_only_its_file_view_environment_and_processes(graded, 
     assert s["widened"] == s["cores"], s  # a cpuset, not an affinity the kernel can undo
     # Private /tmp, /var/tmp, /dev/shm: no job sees what another planted.
     assert s["plants"] == {"/tmp": [], "/var/tmp": [], "/dev/shm": []}, s["plants"]
+    assert "Fontconfig error" not in s["fc_list"], s["fc_list"]
 
 
 def sandbox_cores(cores):
