@@ -35,3 +35,18 @@ def aborts_in_teardown():
     global _teardown_bomb
     _teardown_bomb = _AbortsWhenCollected()
     return dist.get_rank()
+
+
+def probe_breaking_send(backend, device_type, ops=None, reduce_ops=None):
+    """helpers.measure.probe.probe_rank on the CPU, except that a probe of send on "GPU" aborts
+    its rank (rank 0) or breaks the group (rank 1 raises before answering): what gloo does
+    with a CUDA tensor's send on a GPU node, played on a machine without one."""
+    from helpers.measure import probe
+
+    ops = ops or probe.OPS
+    reduce_ops = reduce_ops or probe.REDUCE_OPS
+    if device_type == "GPU" and "send" in ops:
+        os.abort()
+    if device_type == "GPU" and "recv" in ops and dist.get_rank() == 1:
+        raise RuntimeError("writev [127.0.0.1]:1: Bad address")
+    return probe.probe_rank(backend, "CPU", ops, reduce_ops)

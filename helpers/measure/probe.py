@@ -8,6 +8,8 @@ why it could not be tried (no GPU, backend not built). ``SLIDES`` is the slides'
 
 from __future__ import annotations
 
+import functools
+
 OPS = (
     "send",
     "recv",
@@ -120,6 +122,33 @@ def _run(op: str, device, group=None, reduce_op: str = "SUM") -> list | None:
     return mine.tolist()
 
 
+def _probes(ops=OPS, reduce_ops=REDUCE_OPS) -> list[tuple[str, str]]:
+    """(op, reduce_op) of every probe: each op with SUM, then all_reduce with the others."""
+    return [(op, "SUM") for op in ops] + [("all_reduce", red) for red in reduce_ops[1:]]
+
+
+def _alone(probe, backend: str, device_type: str, key: tuple[str, str]) -> dict:
+    """One probe in a launch of its own: one that breaks its ranks is ✗, saying how."""
+    from helpers.launcher.errors import LaunchError, LaunchTimeout, RankDied
+
+    op, red = key
+    reduce_ops = ("SUM",) if red == "SUM" else ("SUM", red)  # probe_rank's last row is this one
+    try:
+        return probe(probe_rank, backend, device_type, (op,), reduce_ops)[0][-1]
+    except RankDied as exc:
+        reason = "crashed the rank: " + _signal(exc)
+    except LaunchTimeout:
+        reason = "hung (no answer)"
+    except LaunchError as exc:
+        reason = "broke the group: " + _reason(exc)
+    return {"op": op, "reduce_op": red, "ok": False, "reason": reason}
+
+
+def _signal(exc) -> str:
+    first = str(exc).splitlines()[0]
+    return first[first.find("(") + 1 : first.find(")")] if "(" in first else first[:80]
+
+
 def _reason(exc: BaseException) -> str:
     lines = [s.strip() for s in str(exc).splitlines() if s.strip()]
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:160]
@@ -138,9 +167,8 @@ def probe_rank(backend: str, device_type: str, ops=OPS, reduce_ops=REDUCE_OPS) -
     device = torch.device("cuda", r % torch.cuda.device_count()) if device_type == "GPU" else "cpu"
     default = dist.get_backend()
     group = None if default == backend else dist.new_group(backend=backend)
-    probes = [(op, "SUM") for op in ops] + [("all_reduce", red) for red in reduce_ops[1:]]
     rows = []
-    for op, red in probes:
+    for op, red in _probes(ops, reduce_ops):
         try:
             held = _run(op, device, group, red)
             ok, reason = held == _expect(op, r, n, red), ""
@@ -178,7 +206,7 @@ def support_table(world_size: int = 2, gpus: int | None = None, timeout: float =
 
     Each row: {'op', 'reduce_op', <column>: '✓' | '✗' | '–', <column> + ' why': reason}.
     """
-    from helpers.launcher.errors import LaunchTimeout
+    from helpers.launcher.errors import LaunchError, LaunchTimeout
     from helpers.launcher.launch import launch
 
     cells: dict = {}
@@ -190,23 +218,21 @@ def support_table(world_size: int = 2, gpus: int | None = None, timeout: float =
             continue
         # the ranks join a gloo world (every machine has it) and open a group of `backend`
         base = "mpi" if backend == "mpi" else "gloo"
+        probe = functools.partial(
+            launch, world_size=world_size, backend=base, output="none", timeout=timeout
+        )
         try:
-            results = launch(
-                probe_rank,
-                backend,
-                device_type,
-                world_size=world_size,
-                backend=base,
-                output="none",
-                timeout=timeout,
-            )
+            cells[column] = probe(probe_rank, backend, device_type)[0], ""
         except LaunchTimeout:  # an op that hangs instead of raising: the column is unknown
             cells[column] = None, f"probe hung (no answer in {timeout:g} s)"
-            continue
-        cells[column] = results[0], ""
+        except LaunchError:
+            # An op broke its process or the group instead of raising (gloo's send of a CUDA
+            # tensor hands gloo a device address as host memory: on a one-GPU H200 node the
+            # rank aborted, or the next collective failed "writev ...: Bad address"). Try the
+            # ops one launch each, so that one breakage marks one op, not the column.
+            cells[column] = [_alone(probe, backend, device_type, key) for key in _probes()], ""
     table = []
-    keys = [(op, "SUM") for op in OPS] + [("all_reduce", red) for red in REDUCE_OPS[1:]]
-    for op, red in keys:
+    for op, red in _probes():
         row = {"op": op, "reduce_op": red}
         for column, (rows, reason) in cells.items():
             if rows is None:

@@ -90,7 +90,6 @@ def wrap(model, stage: int, lr: float = 1e-3):
     whole model (FSDP2: parameters, gradients and state sharded along dim 0).
     """
     import torch
-    from torch import nn
 
     if stage in (0, 1):
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -107,17 +106,34 @@ def wrap(model, stage: int, lr: float = 1e-3):
         opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=lr)
         return model, opt
     if stage == 3:
-        from torch.distributed.fsdp import fully_shard
-
-        for layer in model:
-            if isinstance(layer, nn.Linear):
-                fully_shard(layer)  # one all-gather per layer: only one layer is ever whole
-        fully_shard(model)
-        return model, torch.optim.Adam(model.parameters(), lr=lr)
+        return shard_fully(model), torch.optim.Adam(model.parameters(), lr=lr)
     raise ValueError(
         f"stage {stage!r}: measured runs cover 0 (DDP), 1 (ZeroRedundancyOptimizer) and 3 "
         "(fully_shard); stage 2 is the formula only (DeepSpeed's stage 2 is not in PyTorch)"
     )
+
+
+def shard_fully(model):
+    """FSDP2 (``fully_shard``) on every Linear of ``model``, then on the whole, where it is.
+
+    Every Linear its own unit: one all-gather per layer, so only one layer is ever whole. The
+    mesh is that of the device the parameters are on. ``fully_shard``'s default mesh is the
+    accelerator's whenever there is one: on a GPU node it moved a CPU model onto the GPU
+    (leaving the targets behind on the CPU), and with more ranks than GPUs it picked GPU number
+    LOCAL_RANK, which does not exist ("invalid device ordinal"; both seen on a one-GPU H200
+    node, torch 2.11). Returns ``model``, sharded in place.
+    """
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    device = next(model.parameters()).device
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    for layer in model.modules():
+        if layer is not model and isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
 
 
 def _local_optimizer(opt):

@@ -99,3 +99,28 @@ def test_probe_marks_a_wrong_result_false_on_every_rank():
     rows = helpers.launch(lying_probe, world_size=2, backend="gloo", output="none")
     assert [r[0]["ok"] for r in rows] == [False, False]
     assert "wrong result on rank 1" in rows[1][0]["reason"]
+
+
+def test_an_op_that_breaks_its_ranks_marks_that_op_not_the_column(monkeypatch):
+    # On a one-GPU node gloo's send of a CUDA tensor aborted the rank (or broke the group for the
+    # next collective). The probe then tries the ops one launch each: send and recv are ✗ with
+    # how they failed, every other op keeps its own answer. Played here by a rank function that
+    # breaks exactly there (tests/rankfns.py), in real processes.
+    import rankfns
+
+    from helpers.launcher import launch as launch_module
+
+    real = launch_module.launch
+
+    def launch(fn, *args, **kwargs):
+        return real(rankfns.probe_breaking_send if fn is probe.probe_rank else fn, *args, **kwargs)
+
+    monkeypatch.setattr(launch_module, "launch", launch)
+    table = {(r["op"], r["reduce_op"]): r for r in probe.support_table(gpus=1)}
+    send, recv = table["send", "SUM"], table["recv", "SUM"]
+    assert send["gloo GPU"] == "✗" and "crashed the rank: signal SIGABRT" in send["gloo GPU why"]
+    assert recv["gloo GPU"] == "✗" and "broke the group" in recv["gloo GPU why"], recv
+    assert "Bad address" in recv["gloo GPU why"]
+    others = {k: r["gloo GPU"] for k, r in table.items() if k[0] not in ("send", "recv")}
+    assert set(others.values()) == {"✓"}, others
+    assert all(r["gloo CPU"] == "✓" for r in table.values())  # the CPU column ran whole
