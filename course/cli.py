@@ -41,6 +41,14 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     g.add_argument(
+        "--hidden-seed",
+        type=int,
+        default=None,
+        help="the seed of hidden cases drawn at random (default: a new one each run, so a table "
+        "of one run's hidden inputs is worth nothing in the next); give a result's hidden_seed "
+        "to reproduce its verdicts",
+    )
+    g.add_argument(
         "--shard",
         default=None,
         metavar="K/N",
@@ -188,6 +196,7 @@ def _grade(args) -> int:
             parameters=parameters,
             isolation=UNSAFE if args.unsafe_no_isolation else "auto",
             shard=shard,
+            hidden_seed=args.hidden_seed,
         )
     except (
         IsolationUnavailable,

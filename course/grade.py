@@ -18,7 +18,7 @@ from pathlib import Path
 
 import nbformat
 
-from course.grading import cells
+from course.grading import cells, seeds
 from course.grading.isolation import UID_BASE, Isolation, require, slot_cores, uid_block
 from course.grading.reports import write_feedback, write_gradebook
 from course.grading.results import Limits, Result, blank_scores, questions
@@ -36,11 +36,14 @@ def grade(
     isolation: str = "auto",
     progress: bool = True,
     shard: tuple[int, int] | str | None = None,
+    hidden_seed: int | None = None,
 ) -> dict[str, Result]:
     """Grade every entry of ``submissions`` against the solution notebook ``lab``.
 
     ``shard=(k, n)`` or "k/n": only the k-th of n slices (1 ≤ k ≤ n; entry i in name order
     belongs to slice i mod n + 1), for n graders on n machines; ``merge`` joins their folders.
+    ``hidden_seed``: the run's seed for hidden cases drawn at random (course.grading.seeds);
+    None draws a new one, as every real run should.
 
     As root each submission runs as its own uid, from a block of uids that no other grader on
     this machine holds (``uid_block``): graders started side by side never kill each other's
@@ -57,6 +60,7 @@ def grade(
             progress,
             uid_base,
             shard,
+            seeds.run_seed(hidden_seed),
         )
 
 
@@ -71,6 +75,7 @@ def _grade(
     progress: bool = True,
     uid_base: int = UID_BASE,
     shard: tuple[int, int] | str | None = None,
+    run_seed: int = 0,
 ) -> dict[str, Result]:
     limits = limits or Limits()
     parameters = parameters or {}
@@ -95,7 +100,10 @@ def _grade(
             try:
                 uid = uid_base + slot if iso.uid else None
                 cpus = slot_cores(slot, jobs)
-                r = grade_one(path, source, qs, work, limits, iso, uid, parameters, cpus, stop)
+                seed = seeds.for_submission(run_seed, path.name)
+                r = grade_one(
+                    path, source, qs, work, limits, iso, uid, parameters, cpus, stop, seed
+                )
             except Exception as exc:  # the grader's own bug must not sink the batch either
                 r = Result(
                     path.stem if path.is_file() else path.name,

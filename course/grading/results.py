@@ -38,6 +38,7 @@ class Result:
     scores: dict = field(default_factory=dict)  # grade_id -> points (None: manual)
     errors: dict = field(default_factory=dict)  # grade_id -> error text
     flags: list = field(default_factory=list)
+    hidden_seed: int | None = None  # the seed its hidden cases were drawn from (grading.seeds)
     isolation: list = field(default_factory=list)
     seconds: float = 0.0
     key: str = ""

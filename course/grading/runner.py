@@ -31,7 +31,7 @@ from pathlib import Path
 
 import nbformat
 
-from course.grading import cells
+from course.grading import cells, seeds
 from course.grading.assemble import assemble, split_tests
 from course.grading.isolation import UNSAFE, UNSAFE_NOTE, Group, Isolation, alive, usage
 from course.grading.results import Limits, Question, Result, blank_scores
@@ -55,10 +55,12 @@ def grade_one(
     parameters: dict,
     cpus: list[int] | None,
     stop: threading.Event,
+    hidden_seed: int = 0,
 ) -> Result:
     """The Result of the submission at ``path``, graded against ``source`` as ``uid`` on
     ``cpus``; ``work`` holds the job's private folder (its logs and executed notebook stay there).
-    ``stop`` set: the run ends at once, as "interrupted"."""
+    ``stop`` set: the run ends at once, as "interrupted". ``hidden_seed``: what the kernel and
+    the checker read as COURSE_HIDDEN_SEED (course.grading.seeds)."""
     student = path.stem if path.is_file() else path.name
     start = time.monotonic()
     nb, reason = load_submission(path)
@@ -71,10 +73,10 @@ def grade_one(
     workdir = Path(tempfile.mkdtemp(prefix=f"grade-{student[:20]}-"))
     if uid is not None:
         os.chown(workdir, uid, uid)
-    job = _job(graded_nb, workdir, marker, limits, iso, uid, cpus)
+    job = _job(graded_nb, workdir, marker, limits, iso, uid, cpus, hidden_seed)
     group = Group(iso, marker, uid, limits, cpus)
     runner, read_fd = _start_runner(private, job, group, iso, marker, cpus)
-    result = Result(student, "graded", flags=flags)
+    result = Result(student, "graded", flags=flags, hidden_seed=hidden_seed)
     lines = _Reader(read_fd)
     try:
         status, reason, notebook, probes = _watch(
@@ -89,7 +91,7 @@ def grade_one(
         status, reason = "error", reason or "the run ended without a result (see runner.log)"
     if lines.dropped:
         reason = "; ".join(filter(None, [reason, f"{lines.dropped} result(s) over the size cap"]))
-    outputs = _score(qs, tests, probes, private, limits, result)
+    outputs = _score(qs, tests, probes, private, limits, result, hidden_seed)
     result.scores = {**blank_scores(qs), **result.scores}
     result.status, result.reason, result.seconds = status, reason, time.monotonic() - start
     if iso.mode == UNSAFE:  # said wherever a grade is read: the gradebook and the feedback
@@ -99,7 +101,9 @@ def grade_one(
     return result
 
 
-def _job(graded_nb, workdir: Path, marker: str, limits: Limits, iso: Isolation, uid, cpus) -> dict:
+def _job(
+    graded_nb, workdir: Path, marker: str, limits: Limits, iso: Isolation, uid, cpus, seed: int = 0
+) -> dict:
     """What the sandbox runner is told: the notebook, its timeouts and its limits, and the
     kernel's whole environment (under bwrap it starts empty: nothing of the grader's)."""
     rlimits = {"RLIMIT_CPU": int(limits.budget) + 5, "RLIMIT_FSIZE": limits.file_size}
@@ -121,6 +125,7 @@ def _job(graded_nb, workdir: Path, marker: str, limits: Limits, iso: Isolation, 
         "HELPERS_LAUNCH_TIMEOUT": str(launch_cap(limits.cell_timeout)),
         "HELPERS_LAUNCH_TIMEOUT_CAP": str(launch_cap(limits.cell_timeout)),
         "COURSE_GRADE_JOB": marker,
+        seeds.ENV: str(seed),  # the hidden cases of this run (course.grading.seeds)
     }
     return {
         "notebook": graded_nb,
@@ -211,13 +216,15 @@ def _past_a_limit(runner, group: Group, limits: Limits, stop, deadline: float):
     return None
 
 
-def _score(qs: list[Question], tests: dict, probes: dict, private: Path, limits: Limits, result):
+def _score(
+    qs: list[Question], tests: dict, probes: dict, private: Path, limits: Limits, result, seed=0
+):
     """The verdicts, now that nothing of the submission runs any more: each check on its data,
     in a checker of the grader's. Scores and errors go into ``result``; returns each test's
     check outputs, for the executed notebook."""
     outputs = {}
     with open(private / "checker.log", "wb") as log:
-        checker = Checker(str(private), limits.cell_timeout, log)
+        checker = Checker(str(private), limits.cell_timeout, log, {seeds.ENV: str(seed)})
         try:
             for q in qs:
                 probe = probes.get(q.grade_id)

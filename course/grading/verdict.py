@@ -162,14 +162,16 @@ class Checker:
     """The grader's side: a fresh ``python -m course.grading.verdict`` per submission, started
     lazily."""
 
-    def __init__(self, cwd: str, timeout: float, log=None):
+    def __init__(self, cwd: str, timeout: float, log=None, env: dict | None = None):
         self.cwd, self.timeout, self.log, self.proc, self.buf = cwd, timeout, log, None, b""
+        self.env = {**os.environ, **(env or {})}  # the hidden seed, for checks that draw cases
 
     def _start(self) -> None:
         self.proc = subprocess.Popen(
             # -P: not the job folder on sys.path
             [sys.executable, "-P", "-m", "course.grading.verdict"],
             cwd=self.cwd,
+            env=self.env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log or subprocess.DEVNULL,

@@ -188,6 +188,7 @@ ENV_ALLOWED |= {
     "HELPERS_LAUNCH_TIMEOUT_CAP",
     "COURSE_GRADE_JOB",
     "XDG_CACHE_HOME",
+    "COURSE_HIDDEN_SEED",  # the submission's own, new each run: hidden cases, not a secret
 }
 # set by the kernel itself (ipykernel's shell, Python's locale coercion), not inherited
 ENV_ALLOWED |= {

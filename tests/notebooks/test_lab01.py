@@ -38,6 +38,44 @@ MANUAL = {
     "answer_slower",
 }
 
+
+def _reference_shard(n, rank, world_size, epoch=0, shuffle=True, seed=0):
+    """The spec of shard_indices (the test's own reference)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed + epoch)
+    order = torch.randperm(n, generator=g).tolist() if shuffle else list(range(n))
+    m = -(-n // world_size)
+    order = (order * (m * world_size // n + 1))[: m * world_size]
+    return order[rank * m : (rank + 1) * m]
+
+
+def _table_of_a_plain_run() -> str:
+    """shard_indices as a table of answers: every case the test cell asks in a run outside the
+    grader (seed 0: anyone can print them), answered right; [] for any other case. What a
+    student who printed last run's hidden inputs into the feedback and solved them offline
+    submits. It must lose its points: the grader draws new cases every run."""
+    test = next(
+        c.source
+        for c in nbformat.read(LAB, as_version=4).cells
+        if cells.grade_id(c) == "test_shard_indices"
+    )
+    probe = test.split("# --- check ---")[0]
+    asked = {}
+
+    def shard_indices(n, rank, world_size, epoch=0, shuffle=True, seed=0):
+        key = (n, rank, world_size, epoch, shuffle, seed)
+        asked[key] = _reference_shard(*key)
+        return asked[key]
+
+    exec(probe, {"shard_indices": shard_indices})  # no COURSE_HIDDEN_SEED here: seed 0's cases
+    return (
+        "def shard_indices(n, rank, world_size, epoch=0, shuffle=True, seed=0):\n"
+        f"    table = {asked!r}\n"
+        "    return table.get((n, rank, world_size, epoch, shuffle, seed), [])\n"
+    )
+
+
 # solution cell grade_id -> its test's grade_id, and the wrong answers students write.
 WRONG = {
     "largest_fitting_batch": (
@@ -99,6 +137,7 @@ WRONG = {
                 order += (order * m)[: m * world_size - n]
                 return order[rank * m : (rank + 1) * m]
             """,
+            _table_of_a_plain_run(),
         ],
     ),
     "average_gradients": (
