@@ -69,12 +69,31 @@ ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 PNG = re.compile(r"[A-Za-z0-9+/=\s]+")
 
 
-def notebook_as_text(nb) -> str:
-    """Cells and outputs as escaped text (PNG figures as data images): no HTML of the student's."""
-    out = []
+STYLE = (
+    "<style>body{font-family:system-ui,sans-serif;max-width:110ch;margin:1em auto;padding:0 1em}"
+    "pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#f6f6f6;padding:.4em}"
+    "pre.err{background:#fdecec}img{max-width:100%}td{vertical-align:top}"
+    "td pre{margin:0;background:none;padding:0}h4{margin:1.2em 0 .2em}"
+    "h4.graded{border-top:2px solid #888;padding-top:.4em}</style>"
+)
+
+
+def _heading(cell, by_id: dict) -> str:
+    """A cell's heading: its question and points where it is graded, else In / markdown."""
+    gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+    q = by_id.get(gid)
+    if q is None:
+        return f"<h4>{'In' if cell.cell_type == 'code' else cell.cell_type}</h4>"
+    kind = "your answer, read by the instructor" if q.manual else "automatic test"
+    return f"<h4 class='graded'>{html.escape(q.grade_id)} · {q.points:g} points · {kind}</h4>"
+
+
+def notebook_as_text(nb, qs: list[Question] = ()) -> str:
+    """Cells and outputs as escaped text (PNG figures as data images): no HTML of the student's.
+    Graded cells are headed by their question and points (``qs``)."""
+    out, by_id = [], {q.grade_id: q for q in qs}
     for cell in nb.cells:
-        label = "In" if cell.cell_type == "code" else cell.cell_type
-        out.append(f"<h4>{label}</h4><pre>{html.escape(cell.source)}</pre>")
+        out.append(f"{_heading(cell, by_id)}<pre>{html.escape(cell.source)}</pre>")
         for o in cell.get("outputs", []):
             kind = o.get("output_type")
             if kind == "stream":
@@ -98,7 +117,7 @@ def notebook_as_text(nb) -> str:
 def write_feedback(r: Result, qs: list[Question], out: Path) -> Path:
     rows = "".join(
         f"<tr><td>{q.grade_id}</td><td>{'manual' if r.scores.get(q.grade_id) is None else r.scores[q.grade_id]}"
-        f"</td><td>{q.points:g}</td><td>{html.escape(r.errors.get(q.grade_id, ''))}</td></tr>"
+        f"</td><td>{q.points:g}</td><td><pre>{html.escape(r.errors.get(q.grade_id, ''))}</pre></td></tr>"
         for q in qs
     )
     parts = [
@@ -107,6 +126,7 @@ def write_feedback(r: Result, qs: list[Question], out: Path) -> Path:
         "<!doctype html><meta charset='utf-8'>",
         f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">",
         f"<title>Feedback: {html.escape(r.student)}</title>",
+        STYLE,
         f"<h1>{html.escape(r.student)}: {r.total:g} points</h1>",
         f"<p>Status: <b>{r.status}</b> {html.escape(r.reason)}</p>",
         "<table border=1 cellpadding=4><tr><th>question</th><th>points</th><th>of</th><th>error</th></tr>",
@@ -117,16 +137,16 @@ def write_feedback(r: Result, qs: list[Question], out: Path) -> Path:
         parts.append(
             "<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(f)}</li>" for f in r.flags) + "</ul>"
         )
-    parts.append(
-        "<h2>Isolation</h2><ul>"
+    parts.append(  # for the instructor: folded
+        "<details><summary>How it ran (isolation, for the instructor)</summary><ul>"
         + "".join(f"<li>{html.escape(f)}</li>" for f in r.isolation)
-        + "</ul>"
+        + "</ul></details>"
     )
     executed = getattr(r, "executed", None)
     if executed and Path(executed).exists():
         parts.append(
             "<h2>Your notebook, as graded</h2>"
-            + notebook_as_text(nbformat.read(executed, as_version=4))
+            + notebook_as_text(nbformat.read(executed, as_version=4), qs)
         )
     path = out / "feedback" / f"{r.student}.html"
     path.parent.mkdir(parents=True, exist_ok=True)

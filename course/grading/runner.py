@@ -119,7 +119,9 @@ def _job(
         "XDG_CACHE_HOME": str(workdir),
         "USER": "student",
         "LOGNAME": "student",
-        "MPLBACKEND": "Agg",
+        # no MPLBACKEND: ipykernel then sets matplotlib's inline backend, so plt.show() leaves
+        # a PNG in the notebook and the student's figures reach the feedback (the launcher's
+        # ranks draw with Agg whatever this says)
         # every launch ends (with its diagnosis of where each rank waits) before its cell's time
         # limit interrupts it: the diagnosis needs up to ~15 s to gather every rank's state
         "HELPERS_LAUNCH_TIMEOUT": str(launch_cap(limits.cell_timeout)),

@@ -41,7 +41,8 @@ from course.grading import cells
 from course.grading.plain import MAX_BYTES, MIME
 
 OUTPUT_LIMIT = 100_000  # bytes of output kept per cell; the rest is dropped with a note
-SUBMISSION_OUTPUT_LIMIT = 2_000_000  # bytes of output kept for the whole notebook
+FIGURE_LIMIT = 1_000_000  # bytes of figures (base64 PNG) kept per cell
+SUBMISSION_OUTPUT_LIMIT = 8_000_000  # bytes of output kept for the whole notebook, figures too
 
 
 def loopback_up() -> bool:
@@ -152,6 +153,19 @@ def hidden_error(ename: str):
     )
 
 
+def stopped_at_the_limit(client, cell) -> str:
+    """The words for a cell the runner interrupted at its time limit, also put in its outputs."""
+    import nbformat
+
+    text = (
+        f"stopped at the {client.timeout:g} s cell limit (the grader interrupted the kernel; "
+        "a launch that was still waiting says above where each rank was)"
+    )
+    cell.outputs.append(nbformat.v4.new_output("stream", name="stdout", text=f"[grader] {text}\n"))
+    cell.outputs[-1]["name"] = "grader"
+    return text
+
+
 def run_test_cell(client, cell, index: int, names: list[str], timeout_output) -> dict:
     """Run a test cell's probe piece by piece, then read back the values its check needs.
 
@@ -173,19 +187,22 @@ def run_test_cell(client, cell, index: int, names: list[str], timeout_output) ->
         error = "TimeoutError: the kernel did not answer before the probe"
     for code, hidden in cells.segments(cell.source) if error is None else []:
         piece = nbformat.v4.new_code_cell(code)
+        client.timed_out = False
         try:
             client.execute_cell(piece, index)
         except CellTimeoutError:
             piece.outputs.append(timeout_output())
         errors = [o for o in piece.outputs if o.get("output_type") == "error"]
-        if errors:
+        if client.timed_out:  # interrupted at the limit: "KeyboardInterrupt" alone says nothing
+            error = stopped_at_the_limit(client, piece)
+        elif errors:
             ename = str(errors[0].get("ename", "Error"))
             evalue = "a hidden test failed" if hidden else str(errors[0].get("evalue", ""))
             error = f"{ename}: {evalue}"
         if hidden:
             piece.outputs = [hidden_error(errors[0].get("ename"))] if errors else []
         merged += piece.outputs
-        if errors:
+        if errors or client.timed_out:
             break
     data = None
     if error is None:
@@ -274,6 +291,12 @@ def _run(job: dict, emit, nb, probes: dict, timeout_output) -> None:
 
     class Client(NotebookClient):
         published = None  # a list while a probe's values are being read back
+        timed_out = False  # set when a cell reached its time limit and was interrupted
+
+        async def _async_handle_timeout(self, timeout, cell=None):
+            self.timed_out = True
+            return await super()._async_handle_timeout(timeout, cell)
+
         total_bytes = 0  # output kept, all cells
         whole_noted = False  # the notebook's cap was reached and said
         cell_bytes: dict  # output received, per cell index
@@ -290,22 +313,32 @@ def _run(job: dict, emit, nb, probes: dict, timeout_output) -> None:
             # and what would go over is cut (a stream keeps its start) with one note per cell.
             content = msg.get("content", {})
             incoming = len(json.dumps(content))
-            used = self.cell_bytes.get(cell_index, 0)
-            room = min(OUTPUT_LIMIT - used, SUBMISSION_OUTPUT_LIMIT - self.total_bytes)
+            # A figure (a PNG, as the inline backend shows plt.show()) has a budget of its own:
+            # the questions ask about the student's plots, and one is ~50-150 kB of base64.
+            figure = msg.get("msg_type") in ("display_data", "execute_result") and isinstance(
+                data.get("image/png"), str
+            )
+            key, limit = (
+                ((cell_index, "figures"), FIGURE_LIMIT) if figure else (cell_index, OUTPUT_LIMIT)
+            )
+            used = self.cell_bytes.get(key, 0)
+            room = min(limit - used, SUBMISSION_OUTPUT_LIMIT - self.total_bytes)
             if incoming <= room:
-                self.cell_bytes[cell_index] = used + incoming
+                self.cell_bytes[key] = used + incoming
                 self.total_bytes += incoming
                 return super().output(outs, msg, display_id, cell_index)
-            self.cell_bytes[cell_index] = OUTPUT_LIMIT  # nothing more from this cell
+            self.cell_bytes[key] = limit  # nothing more of this kind from this cell
             if msg.get("msg_type") == "stream" and room > 1000:
                 content["text"] = str(content.get("text", ""))[: room - 1000]
                 self.total_bytes += room
                 super().output(outs, msg, display_id, cell_index)
             whole = self.total_bytes >= SUBMISSION_OUTPUT_LIMIT - 1000
-            if whole and self.whole_noted or cell_index in self.noted:
+            if whole and self.whole_noted or key in self.noted:
                 return None  # said once per cell, and once for the notebook
-            self.noted.add(cell_index)
-            note = f"[grader] output truncated: over {OUTPUT_LIMIT:,} bytes in this cell"
+            self.noted.add(key)
+            note = f"[grader] output truncated: over {limit:,} bytes in this cell"
+            if figure:
+                note = f"[grader] figure dropped: over {limit:,} bytes of figures in this cell"
             if whole:
                 self.whole_noted = True
                 note = (
@@ -368,7 +401,10 @@ def _run(job: dict, emit, nb, probes: dict, timeout_output) -> None:
                     if id(cell) in probes:
                         probe = run_test_cell(client, cell, index, probes[id(cell)], timeout_output)
                     else:
+                        client.timed_out = False
                         client.execute_cell(cell, index)
+                        if client.timed_out:
+                            stopped_at_the_limit(client, cell)
                 except CellTimeoutError:
                     cell.outputs.append(timeout_output())
                 except DeadKernelError as exc:
