@@ -19,7 +19,14 @@ from pathlib import Path
 import nbformat
 
 from course.grading import cells, seeds
-from course.grading.isolation import UID_BASE, Isolation, require, slot_cores, uid_block
+from course.grading.isolation import (
+    UID_BASE,
+    Isolation,
+    plan_slots,
+    require,
+    slot_cores,
+    uid_block,
+)
 from course.grading.reports import write_feedback, write_gradebook
 from course.grading.results import Limits, Result, blank_scores, questions
 from course.grading.runner import grade_one
@@ -48,7 +55,7 @@ def grade(
     As root each submission runs as its own uid, from a block of uids that no other grader on
     this machine holds (``uid_block``): graders started side by side never kill each other's
     kernels."""
-    with uid_block(max(1, jobs)) as uid_base:
+    with uid_block(max(1, jobs)) as uid_base:  # a block for every slot asked: enough for fewer
         return _grade(
             lab,
             submissions,
@@ -84,6 +91,8 @@ def _grade(
     source = nbformat.reads(source_bytes.decode(), as_version=4)
     cells.validate(source)
     qs = questions(source)
+    # a core per rank of the lab's largest world: fewer slots rather than oversubscribed ones
+    jobs, _ = plan_slots(jobs, lab_world(source, parameters))
     work = _folders(out)
     iso = Isolation(isolation, uid_base)
     require(iso)
@@ -116,6 +125,24 @@ def _grade(
 
     _run_all(task, todo, results, qs, out, jobs, stop, f"grading {lab.stem}", progress)
     return results
+
+
+def lab_world(source, parameters: dict) -> int:
+    """The most ranks the lab starts at once, read from its parameters cell (``world_size``,
+    ``world_sizes``) as overridden by ``parameters``; 1 where it names none."""
+    import ast
+
+    values = {}
+    for cell in source.cells:
+        if cell.cell_type == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
+            for node in ast.parse(cell.source).body:
+                if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                    name = getattr(node.targets[0], "id", None)
+                    with contextlib.suppress(ValueError):
+                        values[name] = ast.literal_eval(node.value)
+    values.update(parameters)
+    sizes = [values.get("world_size")] + list(values.get("world_sizes") or [])
+    return max([int(n) for n in sizes if isinstance(n, int) and n > 0], default=1)
 
 
 def _folders(out: Path) -> Path:

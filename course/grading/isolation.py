@@ -335,3 +335,12 @@ def slot_cores(slot: int, jobs: int) -> list[int] | None:
         return [cores[slot % len(cores)]]
     share = len(cores) // jobs
     return cores[slot * share : (slot + 1) * share]
+
+
+def plan_slots(jobs: int, world: int) -> tuple[int, int]:
+    """(slots, cores per slot) for ``jobs`` asked and a lab whose runs start ``world`` ranks:
+    a slot gets a core per rank where the machine has them, and there are fewer slots rather
+    than oversubscribed ones (a graded run then times what the student's own run timed)."""
+    cores = len(os.sched_getaffinity(0))
+    per_slot = max(1, min(world, cores))
+    return max(1, min(jobs, cores // per_slot)), per_slot

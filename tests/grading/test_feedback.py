@@ -45,6 +45,7 @@ def test_the_page_shows_the_figure_and_heads_graded_cells_by_question(page):
     assert "test_square · 2 points · automatic test" in html
     assert "why · 1 points · your answer, read by the instructor" in html
     assert "<details><summary>How it ran" in html  # the isolation block, folded
+    assert "all of this machine's" in html  # one slot: how many cores the timings had
 
 
 def test_a_cell_stopped_at_its_limit_says_so(page):
