@@ -56,6 +56,16 @@ def main(argv: list[str] | None = None) -> int:
         "slices' --out folders with `course grade-merge`",
     )
 
+    mk = sub.add_parser(
+        "mark", help="merge the written answers' sheets (OUT/manual/*.csv) into the grades"
+    )
+    mk.add_argument("lab", help="the solution notebook the folder was graded with (e.g. lab02)")
+    mk.add_argument("out", help="the output folder of `course grade`")
+    ex = sub.add_parser("export", help="lms.csv: the grades, one row per student, for an LMS")
+    ex.add_argument("lab", help="the solution notebook the folder was graded with")
+    ex.add_argument("out", help="the output folder of `course grade` (and `course mark`)")
+    ex.add_argument("--title", default=None, help="the assignment's column (default: the lab)")
+
     m = sub.add_parser("grade-merge", help="join the folders of `course grade --shard K/N`")
     m.add_argument("lab", help="the solution notebook the slices were graded with")
     m.add_argument("out", help="output folder of the joined gradebook and feedback")
@@ -114,6 +124,25 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "grade":
         return _grade(args)
+    if args.command in ("mark", "export"):
+        from course.grade import export, mark
+        from course.grading.reports import summary
+
+        lab = find_lab(args.lab)
+        if lab is None:
+            print(f"course {args.command}: {args.lab} names no single notebook", file=sys.stderr)
+            return 2
+        try:
+            if args.command == "export":
+                print(f"written: {export(lab, args.out, args.title)}")
+                return 0
+            results = mark(lab, args.out)
+        except (ValueError, OSError) as exc:
+            print(f"course mark: {exc}", file=sys.stderr)
+            return 2
+        print(summary(results))
+        print(f"gradebook: {args.out}/gradebook.csv, feedback: {args.out}/feedback/")
+        return 0
     if args.command == "grade-merge":
         from course.grading.reports import summary
         from course.grading.shards import merge

@@ -10,6 +10,7 @@ submission is graded, and what each step trusts, is in course.grading's docstrin
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import threading
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import nbformat
 
-from course.grading import cells, seeds
+from course.grading import cells, manual, seeds
 from course.grading.isolation import (
     UID_BASE,
     Isolation,
@@ -30,7 +31,13 @@ from course.grading.isolation import (
 from course.grading.reports import write_feedback, write_gradebook
 from course.grading.results import Limits, Result, blank_scores, questions
 from course.grading.runner import grade_one
-from course.grading.shards import check_shard, save_result, submission_key, write_manifest
+from course.grading.shards import (
+    MANIFEST,
+    check_shard,
+    save_result,
+    submission_key,
+    write_manifest,
+)
 
 
 def grade(
@@ -124,7 +131,36 @@ def _grade(
         return r
 
     _run_all(task, todo, results, qs, out, jobs, stop, f"grading {lab.stem}", progress)
+    manual.write_sheets(out, source, source_bytes, qs, results)  # the written answers' sheets
     return results
+
+
+def mark(lab, out) -> dict[str, Result]:
+    """`course mark`: merge the written answers' sheets of ``out`` (graded from ``lab``) into its
+    results, gradebook and feedback pages. Every sheet is checked first; a ValueError says
+    what is wrong, and then nothing has changed."""
+    lab, out = Path(lab).resolve(), Path(out).resolve()
+    source_bytes = lab.read_bytes()
+    qs = questions(nbformat.reads(source_bytes.decode(), as_version=4))
+    manifest = out / MANIFEST
+    if not manifest.exists():
+        raise ValueError(f"{out} is not an output folder of `course grade` (no {MANIFEST})")
+    if json.loads(manifest.read_text())["lab_sha256"] != hashlib.sha256(source_bytes).hexdigest():
+        raise ValueError(f"{out} was graded with another version of {lab.name}")
+    results = manual.load_results(out)
+    manual.apply(results, manual.read_marks(out, source_bytes, qs, set(results)))
+    for r in results.values():
+        save_result(r, out / "results" / f"{r.student}.json")
+        write_feedback(r, qs, out)
+    write_gradebook(results, qs, out)
+    return results
+
+
+def export(lab, out, title: str | None = None) -> Path:
+    """`course export`: lms.csv in ``out``, one row per student (course.grading.manual)."""
+    lab, out = Path(lab).resolve(), Path(out).resolve()
+    qs = questions(nbformat.read(lab, as_version=4))
+    return manual.export_lms(manual.load_results(out), qs, out, title or lab.stem)
 
 
 def lab_world(source, parameters: dict) -> int:

@@ -43,11 +43,11 @@ def write_gradebook(results: dict[str, Result], qs: list[Question], out: Path) -
             *[f"{q.grade_id} ({q.points:g})" for q in qs],
             "total",
             "max",
+            "pending",
             "status",
             "reason",
         ]
     )
-    auto_max = sum(q.points for q in qs if not q.manual)
     for name in sorted(results):
         r = results[name]
         row = [
@@ -56,7 +56,10 @@ def write_gradebook(results: dict[str, Result], qs: list[Question], out: Path) -
             else r.scores.get(q.grade_id, 0)
             for q in qs
         ]
-        w.writerow([_text(name), *row, r.total, auto_max, r.status, _text(r.reason)])
+        # max: the automatic points, and each written answer's once a person has marked it
+        waiting = [q.grade_id for q in qs if q.manual and r.scores.get(q.grade_id) is None]
+        top = sum(q.points for q in qs if q.grade_id not in waiting)
+        w.writerow([_text(name), *row, r.total, top, " ".join(waiting), r.status, _text(r.reason)])
     path = out / "gradebook.csv"
     tmp = out / ".gradebook.csv.tmp"
     tmp.write_text(buf.getvalue())
@@ -115,9 +118,18 @@ def notebook_as_text(nb, qs: list[Question] = ()) -> str:
 
 
 def write_feedback(r: Result, qs: list[Question], out: Path) -> Path:
+    def score(q):
+        if r.scores.get(q.grade_id) is None:
+            return "pending: read by the instructor" if q.manual else "0"
+        return f"{r.scores[q.grade_id]:g}"
+
+    def note(q):  # an automatic test's error, or the instructor's comment on a written answer
+        text = r.errors.get(q.grade_id, "") or (r.comments or {}).get(q.grade_id, "")
+        return html.escape(text)
+
     rows = "".join(
-        f"<tr><td>{q.grade_id}</td><td>{'manual' if r.scores.get(q.grade_id) is None else r.scores[q.grade_id]}"
-        f"</td><td>{q.points:g}</td><td><pre>{html.escape(r.errors.get(q.grade_id, ''))}</pre></td></tr>"
+        f"<tr><td>{q.grade_id}</td><td>{score(q)}</td><td>{q.points:g}</td>"
+        f"<td><pre>{note(q)}</pre></td></tr>"
         for q in qs
     )
     parts = [
@@ -129,7 +141,8 @@ def write_feedback(r: Result, qs: list[Question], out: Path) -> Path:
         STYLE,
         f"<h1>{html.escape(r.student)}: {r.total:g} points</h1>",
         f"<p>Status: <b>{r.status}</b> {html.escape(r.reason)}</p>",
-        "<table border=1 cellpadding=4><tr><th>question</th><th>points</th><th>of</th><th>error</th></tr>",
+        "<table border=1 cellpadding=4><tr><th>question</th><th>points</th><th>of</th>"
+        "<th>error, or the instructor's comment</th></tr>",
         rows,
         "</table>",
     ]

@@ -39,6 +39,9 @@ class Result:
     errors: dict = field(default_factory=dict)  # grade_id -> error text
     flags: list = field(default_factory=list)
     hidden_seed: int | None = None  # the seed its hidden cases were drawn from (grading.seeds)
+    answers: dict = field(default_factory=dict)  # written question -> the student's answer
+    comments: dict = field(default_factory=dict)  # question -> the grader's comment (course mark)
+    executed: str | None = None  # the executed notebook, in the grader's .work folder
     isolation: list = field(default_factory=list)
     seconds: float = 0.0
     key: str = ""

@@ -34,6 +34,7 @@ import nbformat
 from course.grading import cells, seeds
 from course.grading.assemble import assemble, split_tests
 from course.grading.isolation import UNSAFE, UNSAFE_NOTE, Group, Isolation, alive, usage
+from course.grading.manual import answers_of
 from course.grading.results import Limits, Question, Result, blank_scores
 from course.grading.submission import load_submission
 from course.grading.verdict import Checker
@@ -77,6 +78,7 @@ def grade_one(
     group = Group(iso, marker, uid, limits, cpus)
     runner, read_fd = _start_runner(private, job, group, iso, marker, cpus)
     result = Result(student, "graded", flags=flags, hidden_seed=hidden_seed)
+    result.answers = answers_of(graded_nb, qs)  # for the written questions' sheets
     lines = _Reader(read_fd)
     try:
         status, reason, notebook, probes = _watch(
@@ -97,7 +99,8 @@ def grade_one(
     if iso.mode == UNSAFE:  # said wherever a grade is read: the gradebook and the feedback
         result.reason = "; ".join(filter(None, [reason, "UNSAFE: graded without isolation"]))
         result.flags.append(UNSAFE_NOTE)
-    result.executed = _write_executed(notebook, tests, outputs, private)
+    executed = _write_executed(notebook, tests, outputs, private)
+    result.executed = str(executed) if executed else None
     return result
 
 

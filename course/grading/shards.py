@@ -25,7 +25,7 @@ from course.grading.reports import write_gradebook
 from course.grading.results import Limits, Result, questions
 from course.grading.submission import MAX_SUBMISSION
 
-VERSION = "4"  # part of the resume key: bump when scoring or isolation changes
+VERSION = "5"  # part of the resume key: bump when scoring, isolation or what a result holds changes
 MANIFEST = "shard.json"
 
 
@@ -77,8 +77,9 @@ def _hash_file(f: Path, h) -> None:
 
 
 def save_result(r: Result, path: Path) -> None:
-    """``r`` as JSON at ``path`` (results/STUDENT.json); its executed notebook is not kept."""
-    saved = {k: v for k, v in r.__dict__.items() if k != "executed"}
+    """``r`` as JSON at ``path`` (results/STUDENT.json); its executed notebook stays where it
+    is (the job's folder under .work), named, for `course mark` to write the feedback again."""
+    saved = dict(r.__dict__)
     path.write_text(json.dumps(saved))
 
 
