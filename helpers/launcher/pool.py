@@ -33,6 +33,7 @@ from helpers.launcher.errors import (
 
 START_TIMEOUT = float(os.environ.get("HELPERS_START_TIMEOUT", "300"))
 FAIL_GRACE = 0.5  # after the first failure, how long the others may still report theirs
+WAIT_NOTICE_S = 10  # a launch whose timeout is at least twice this says "still waiting" halfway
 
 
 class Lines:
@@ -246,7 +247,11 @@ class Pool:
         replies: dict[int, tuple] = {}
         ended = set()  # (rank, stream) whose end marker arrived
         first_failure = None
-        deadline = time.monotonic() + timeout if math.isfinite(timeout) else math.inf
+        start = time.monotonic()
+        deadline = start + timeout if math.isfinite(timeout) else math.inf
+        # Halfway to the timeout, say so once: a student waiting on a silent cell learns that
+        # the ranks may be stuck, and that the diagnosis comes at the deadline.
+        notice = start + timeout / 2 if timeout >= 2 * WAIT_NOTICE_S else math.inf
         sel = self._selector()
         try:
             while True:
@@ -254,6 +259,17 @@ class Pool:
                 if done:
                     break
                 now = time.monotonic()
+                if now > notice:
+                    notice = math.inf
+                    waiting = [r for r in range(self.world_size) if r not in replies]
+                    print(
+                        f"[launch] still waiting for rank{'s' if len(waiting) > 1 else ''} "
+                        f"{', '.join(map(str, waiting))} after {now - start:.0f} s of the "
+                        f"{timeout:g} s timeout; if they are stuck, the launcher says where "
+                        "each one waits when it ends",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 if first_failure is not None and now - first_failure > FAIL_GRACE:
                     break
                 if now > deadline:

@@ -232,6 +232,27 @@ def test_a_skipped_collective_times_out_naming_ranks_op_shape_and_line():
     assert not workers()
 
 
+def test_a_long_silent_wait_says_halfway_that_it_is_still_waiting(monkeypatch, capfd):
+    # A student's cell that launches with output="none" is silent; halfway to the timeout the
+    # launcher says it is still waiting, and that the diagnosis comes at the deadline.
+    from helpers.launcher import pool
+
+    def skip():
+        if dist.get_rank() != 0:
+            dist.all_reduce(torch.ones(1))  # rank 0 never comes
+
+    monkeypatch.setattr(pool, "WAIT_NOTICE_S", 1)
+    with pytest.raises(LaunchTimeout):
+        helpers.launch(skip, world_size=2, timeout=3, output="none")
+    err = capfd.readouterr().err
+    assert (
+        len(re.findall(r"\[launch\] still waiting for rank 1 after \d+ s of the 3 s timeout", err))
+        == 1
+    ), err
+    helpers.launch(rank_sum, world_size=2, timeout=3, output="none")  # a quick run: no notice
+    assert "still waiting" not in capfd.readouterr().err
+
+
 def test_different_shapes_on_different_ranks_are_named():
     def shapes():
         dist.all_reduce(torch.ones(2 + dist.get_rank()))
