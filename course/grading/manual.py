@@ -27,6 +27,7 @@ import math
 import os
 from pathlib import Path
 
+from course.grading.reports import _text
 from course.grading.results import Question, Result
 
 FOLDER = "manual"
@@ -50,6 +51,11 @@ def answers_of(notebook, qs: list[Question]) -> dict[str, str]:
     return out
 
 
+def _name(cell: str) -> str:
+    """A student's name as the sheet holds it, without the apostrophe that kept it text."""
+    return cell[1:] if cell[:1] == "'" and cell[1:2] in ("=", "+", "-", "@", "\t", "\r") else cell
+
+
 def _read(path: Path) -> list[dict]:
     with open(path, newline="", encoding="utf-8") as f:
         return list(csv.DictReader(f))
@@ -70,9 +76,16 @@ def write_sheets(out: Path, source, source_bytes: bytes, qs, results: dict[str, 
     for q in (q for q in qs if q.manual):
         sheet = folder / f"{q.grade_id}.csv"
         rows = _read(sheet) if sheet.exists() else []
-        have = {row.get("student") for row in rows}
+        have = {_name(row.get("student") or "") for row in rows}
         rows += [
-            {"student": s, "points": "", "comment": "", "max": f"{q.points:g}", "lab": version}
+            # a name like "=cmd()" stays text in a spreadsheet (reports._text); mark reads it back
+            {
+                "student": _text(s),
+                "points": "",
+                "comment": "",
+                "max": f"{q.points:g}",
+                "lab": version,
+            }
             for s in sorted(results)
             if s not in have
         ]
@@ -136,7 +149,7 @@ def read_marks(out: Path, source_bytes: bytes, qs, students) -> dict:
             raise ValueError(f"{sheet.name}: columns must be {', '.join(COLUMNS)}")
         for i, row in enumerate(rows, 2):  # line 1 is the header
             where = f"{sheet.name} line {i}"
-            student = (row.get("student") or "").strip()
+            student = _name((row.get("student") or "").strip())
             if (row.get("lab") or "").strip() != version:
                 raise ValueError(
                     f"{where}: the sheet is for lab version {row.get('lab')!r}, this lab is "
@@ -175,8 +188,6 @@ def export_lms(results: dict[str, Result], qs, out: Path, title: str) -> Path:
     w = csv.writer(buf)
     full = sum(q.points for q in qs)
     w.writerow(["Student", f"{title} ({full:g})", "Max", "Pending written answers"])
-    from course.grading.reports import _text
-
     for name in sorted(results):
         r = results[name]
         w.writerow([_text(name), f"{r.total:g}", f"{full:g}", " ".join(pending(r, qs))])

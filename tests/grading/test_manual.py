@@ -47,7 +47,8 @@ def graded(tmp_path_factory):
     lab, student = release(tmp)
     subs = plain_submissions(student)
     subs["correct"] = answer(student)
-    write(tmp / "subs", {k: subs[k] for k in ("correct", "wrong_square", "unanswered")})
+    subs["=2+3"] = answer(student)  # a folder name a spreadsheet would run as a formula
+    write(tmp / "subs", {k: subs[k] for k in ("correct", "wrong_square", "unanswered", "=2+3")})
     grade(lab, tmp / "subs", tmp / "out", progress=False)
     return lab, tmp / "subs", tmp / "out"
 
@@ -55,7 +56,7 @@ def graded(tmp_path_factory):
 def test_grading_writes_a_sheet_and_a_page_per_written_question(graded):
     lab, _, out = graded
     sheet = rows(out / "manual" / "why.csv")
-    assert [r["student"] for r in sheet] == ["correct", "unanswered", "wrong_square"]
+    assert [r["student"] for r in sheet] == ["'=2+3", "correct", "unanswered", "wrong_square"]
     assert all(r["points"] == "" and r["max"] == "1" for r in sheet)
     page = (out / "manual" / "why.html").read_text()
     assert "A real number times itself is never negative." in page  # the student's answer
@@ -71,7 +72,7 @@ def test_grading_writes_a_sheet_and_a_page_per_written_question(graded):
         ({"correct": ("one", "")}, [], "points 'one' is not a number"),
         ({"correct": ("nan", "")}, [], "outside 0–1"),
         ({}, [{"student": "mallory", "lab": None}], "no student 'mallory'"),
-        ({}, [{"student": "correct", "lab": None}], "'correct' is also on line 2"),
+        ({}, [{"student": "correct", "lab": None}], "'correct' is also on line 3"),
         ({}, [{"student": "correct", "lab": "0123456789ab"}], "the sheet is for lab version"),
     ],
 )
@@ -118,7 +119,11 @@ def test_marks_merge_into_gradebook_feedback_and_the_lms_file(graded, tmp_path):
     lab, subs, out = graded
     fill(
         out / "manual" / "why.csv",
-        {"correct": ("1", "Right: x·x ≥ 0 for every real x."), "wrong_square": ("0.5", "")},
+        {
+            "correct": ("1", "Right: x·x ≥ 0 for every real x."),
+            "wrong_square": ("0.5", ""),
+            "'=2+3": ("1", ""),
+        },
     )
     done = course("mark", lab, out)
     assert done.returncode == 0, done.stderr
@@ -127,6 +132,7 @@ def test_marks_merge_into_gradebook_feedback_and_the_lms_file(graded, tmp_path):
     assert (book["correct"]["max"], book["correct"]["pending"]) == ("7.0", "")
     assert book["wrong_square"]["total"] == "3.5" and book["wrong_square"]["max"] == "7.0"
     assert book["unanswered"]["pending"] == "why" and book["unanswered"]["max"] == "6.0"
+    assert book["'=2+3"]["total"] == "7.0"  # the name read back from its sheet, marked
     page = (out / "feedback" / "correct.html").read_text()
     assert "Right: x·x ≥ 0 for every real x." in page
     assert "Your notebook, as graded" in page  # the page written again keeps the notebook
