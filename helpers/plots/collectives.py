@@ -78,13 +78,15 @@ def alpha_beta(records: list[dict], fits: dict | None = None):
 
     ``records`` from ``bench.benchmark_spread``; ``fits``: {(op, world_size): AlphaBeta}. Left:
     time with the fit (dashed) and its two ring terms (dotted: latency 2(n−1)α, bandwidth
-    2(n−1)/n·S/B). Right: busbw with the fit and its large-message limit B. Oversubscribed
+    2(n−1)/n·S/B). Right: busbw with the fit and its large-message limit B. A fit under the R²
+    floor is drawn without its terms or B, labelled with its R²: it measured neither. Oversubscribed
     worlds are drawn hollow and named so. Returns the two Axes.
     """
     import matplotlib.pyplot as plt
     import numpy as np
 
     from helpers.measure.bandwidth import bus_factor, ring_steps
+    from helpers.measure.findings import R2_FLOOR
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     series = defaultdict(list)
@@ -128,6 +130,9 @@ def alpha_beta(records: list[dict], fits: dict | None = None):
         grid = np.geomspace(s.min(), s.max(), 60)
         steps = ring_steps(op, n)
         left.plot(grid, fit.predict(grid) * 1e3, "--", color=color, linewidth=1)
+        if fit.r2 < R2_FLOOR:  # the points do not follow the model: it measured no α and no B
+            left.plot([], [], "--", color=color, label=f"n={n}: fit R² = {fit.r2:.3f}, no α or B")
+            continue
         left.plot(grid, np.full_like(grid, fit.alpha * 1e3), ":", color=color, linewidth=1)
         left.plot(grid, grid / fit.beta * 1e3, ":", color=color, linewidth=1)
         left.annotate(

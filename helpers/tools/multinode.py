@@ -197,6 +197,8 @@ def train_digits(epochs: int = 1, batch: int = 32) -> dict:
     import torch
     import torch.distributed as dist
 
+    import hashlib
+
     from helpers.parallel import large_batch
     from helpers.workloads import data, models
 
@@ -220,4 +222,8 @@ def train_digits(epochs: int = 1, batch: int = 32) -> dict:
         "world": n,
         "test accuracy": r["epochs"][-1]["test accuracy"],
         "weights sum": float(sum(p.double().sum() for p in r["state"].values())),
+        # every bit of every weight: two runs with the same digest trained the same model
+        "weights sha1": hashlib.sha1(
+            b"".join(p.detach().cpu().contiguous().numpy().tobytes() for p in r["state"].values())
+        ).hexdigest()[:16],
     }
