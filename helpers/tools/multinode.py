@@ -194,10 +194,10 @@ def whoami(fail_first_attempt_on: int | None = None) -> dict:
 def train_digits(epochs: int = 1, batch: int = 32) -> dict:
     """Lab 01's MLP (512 x 4) on the shifted digits, DDP on this world at ``batch`` per rank:
     a module-level function, so torchrun's workers can import it by name (lecture 07)."""
+    import hashlib
+
     import torch
     import torch.distributed as dist
-
-    import hashlib
 
     from helpers.parallel import large_batch
     from helpers.workloads import data, models
