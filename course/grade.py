@@ -89,7 +89,7 @@ def _grade(
     progress: bool = True,
     uid_base: int = UID_BASE,
     shard: tuple[int, int] | str | None = None,
-    run_seed: int = 0,
+    run_seed: bytes = b"",
 ) -> dict[str, Result]:
     limits = limits or Limits()
     parameters = parameters or {}
@@ -106,9 +106,14 @@ def _grade(
     entries = sorted(p for p in submissions.iterdir() if not p.name.startswith("."))
     k, n = check_shard(shard or (1, 1))
     entries = [p for i, p in enumerate(entries) if i % n == k - 1]
+    entries, refused = _refuse_names(entries, qs)
     write_manifest(out, source_bytes, (k, n), entries)
     keys = [(p, submission_key(p, source_bytes, parameters, limits, iso.mode)) for p in entries]
     results, todo = _resume(out, keys)
+    for r in refused:  # graded as refused, alone: the batch goes on
+        save_result(r, out / "results" / f"{r.student}.json")
+        write_feedback(r, qs, out)
+        results[r.student] = r
     stop, slots = threading.Event(), _Slots(jobs)
 
     def task(path, key):
@@ -116,7 +121,7 @@ def _grade(
             try:
                 uid = uid_base + slot if iso.uid else None
                 cpus = slot_cores(slot, jobs)
-                seed = seeds.for_submission(run_seed, path.name)
+                seed = seeds.for_submission(run_seed, student_name(path))
                 r = grade_one(
                     path, source, qs, work, limits, iso, uid, parameters, cpus, stop, seed
                 )
@@ -161,6 +166,38 @@ def export(lab, out, title: str | None = None) -> Path:
     lab, out = Path(lab).resolve(), Path(out).resolve()
     qs = questions(nbformat.read(lab, as_version=4))
     return manual.export_lms(manual.load_results(out), qs, out, title or lab.stem)
+
+
+NAME_BYTES = 200  # a student's name becomes file names (results/NAME.json, feedback/NAME.html)
+
+
+def student_name(path: Path) -> str:
+    """The name a submission is graded under: a file's without .ipynb, a folder's whole."""
+    return path.stem if path.is_file() else path.name
+
+
+def _refuse_names(entries: list[Path], qs) -> tuple[list[Path], list[Result]]:
+    """The entries whose names can be graded, and a refusal for each of the others: a name too
+    long for a file name, or two entries with one name (a folder bob/ beside bob.ipynb), which
+    would overwrite each other's grade. A refusal is named so that it cannot collide."""
+    by_name: dict[str, list[Path]] = {}
+    for p in entries:
+        by_name.setdefault(student_name(p), []).append(p)
+    kept, refused = [], []
+    for name, paths in by_name.items():
+        digest = hashlib.sha256(name.encode(errors="surrogateescape")).hexdigest()[:8]
+        if len(name.encode(errors="surrogateescape")) > NAME_BYTES:
+            why = f"the name is over {NAME_BYTES} bytes: rename the submission and grade again"
+            refused.append(Result(f"{name[:40]}…{digest}", "invalid", why, blank_scores(qs)))
+        elif len(paths) > 1:
+            listed = ", ".join(sorted(p.name for p in paths))
+            for p in paths:
+                why = f"{len(paths)} submissions are named {name!r} ({listed}): keep one"
+                kind = "folder" if p.is_dir() else "file"
+                refused.append(Result(f"{name} ({kind})", "invalid", why, blank_scores(qs)))
+        else:
+            kept += paths
+    return sorted(kept), refused
 
 
 def lab_world(source, parameters: dict) -> int:

@@ -25,6 +25,7 @@ import io
 import json
 import math
 import os
+import urllib.parse
 from pathlib import Path
 
 from course.grading.reports import _text
@@ -51,9 +52,18 @@ def answers_of(notebook, qs: list[Question]) -> dict[str, str]:
     return out
 
 
+FORMULA = ("=", "+", "-", "@", "\t", "\r", "'")
+
+
+def _cell(name: str) -> str:
+    """A student's name as a sheet holds it: a leading apostrophe before a name a spreadsheet
+    would run as a formula (or that starts with one itself), so every name reads back exactly."""
+    return "'" + name if name[:1] in FORMULA else name
+
+
 def _name(cell: str) -> str:
-    """A student's name as the sheet holds it, without the apostrophe that kept it text."""
-    return cell[1:] if cell[:1] == "'" and cell[1:2] in ("=", "+", "-", "@", "\t", "\r") else cell
+    """The student's name from a sheet's cell: ``_cell`` undone."""
+    return cell[1:] if cell[:1] == "'" else cell
 
 
 def _read(path: Path) -> list[dict]:
@@ -113,7 +123,7 @@ def _page(q: Question, model: str, results: dict[str, Result]) -> str:
     ]
     for name in sorted(results):
         text = (results[name].answers or {}).get(q.grade_id)
-        link = f"../feedback/{html.escape(name)}.html"
+        link = html.escape(f"../feedback/{urllib.parse.quote(name)}.html")
         parts.append(
             f"<h2 id='{html.escape(name)}'>{html.escape(name)}</h2>"
             f"<p><a href='{link}'>their notebook as graded, figures included</a></p>"
@@ -149,7 +159,7 @@ def read_marks(out: Path, source_bytes: bytes, qs, students) -> dict:
             raise ValueError(f"{sheet.name}: columns must be {', '.join(COLUMNS)}")
         for i, row in enumerate(rows, 2):  # line 1 is the header
             where = f"{sheet.name} line {i}"
-            student = _name((row.get("student") or "").strip())
+            student = _name(row.get("student") or "")  # exactly: " carol" is not "carol"
             if (row.get("lab") or "").strip() != version:
                 raise ValueError(
                     f"{where}: the sheet is for lab version {row.get('lab')!r}, this lab is "

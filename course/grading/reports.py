@@ -77,7 +77,9 @@ STYLE = (
     "pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#f6f6f6;padding:.4em}"
     "pre.err{background:#fdecec}img{max-width:100%}td{vertical-align:top}"
     "td pre{margin:0;background:none;padding:0}h4{margin:1.2em 0 .2em}"
-    "h4.graded{border-top:2px solid #888;padding-top:.4em}</style>"
+    "h4.graded{border-top:2px solid #888;padding-top:.4em}"
+    "div.grader{border:2px solid #1a5fb4;padding:.3em;margin:.3em 0}div.grader pre{margin:0}"
+    "</style>"
 )
 
 
@@ -99,7 +101,10 @@ def notebook_as_text(nb, qs: list[Question] = ()) -> str:
         out.append(f"{_heading(cell, by_id)}<pre>{html.escape(cell.source)}</pre>")
         for o in cell.get("outputs", []):
             kind = o.get("output_type")
-            if kind == "stream":
+            if kind == "stream" and o.get("name") == "grader":  # the runner's own notes only
+                out.append("<div class='grader'><b>Note from the grader</b><pre>")
+                out.append(html.escape(str(o.get("text", ""))) + "</pre></div>")
+            elif kind == "stream":
                 out.append(f"<pre class='{o.get('name') == 'stderr' and 'err' or 'out'}'>")
                 out.append(html.escape(ANSI.sub("", str(o.get("text", "")))) + "</pre>")
             elif kind == "error":
@@ -123,13 +128,10 @@ def write_feedback(r: Result, qs: list[Question], out: Path) -> Path:
             return "pending: read by the instructor" if q.manual else "0"
         return f"{r.scores[q.grade_id]:g}"
 
-    def note(q):  # an automatic test's error, or the instructor's comment on a written answer
-        text = r.errors.get(q.grade_id, "") or (r.comments or {}).get(q.grade_id, "")
-        return html.escape(text)
-
     rows = "".join(
         f"<tr><td>{q.grade_id}</td><td>{score(q)}</td><td>{q.points:g}</td>"
-        f"<td><pre>{note(q)}</pre></td></tr>"
+        f"<td><pre>{html.escape(r.errors.get(q.grade_id, ''))}</pre></td>"
+        f"<td>{html.escape((r.comments or {}).get(q.grade_id, ''))}</td></tr>"
         for q in qs
     )
     parts = [
@@ -142,7 +144,7 @@ def write_feedback(r: Result, qs: list[Question], out: Path) -> Path:
         f"<h1>{html.escape(r.student)}: {r.total:g} points</h1>",
         f"<p>Status: <b>{r.status}</b> {html.escape(r.reason)}</p>",
         "<table border=1 cellpadding=4><tr><th>question</th><th>points</th><th>of</th>"
-        "<th>error, or the instructor's comment</th></tr>",
+        "<th>error</th><th>the instructor's comment</th></tr>",
         rows,
         "</table>",
     ]

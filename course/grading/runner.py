@@ -152,7 +152,9 @@ def _start_runner(private: Path, job: dict, group: Group, iso: Isolation, marker
         job["isolation"].append(f"{count}: cpu {', '.join(map(str, cpus))} ({how})")
     else:  # one slot: the timings a student's run and this one took are on whole machines
         cores = len(os.sched_getaffinity(0))
-        job["isolation"].append(f"{cores} core{'s' if cores > 1 else ''}: all of this machine's")
+        job["isolation"].append(
+            f"{cores} core{'s' if cores > 1 else ''}: every core of this machine"
+        )
     job["cgroups"] = [str(d) for d in group.dirs]
     (private / "job.json").write_text(json.dumps(job))
     os.chmod(private, 0o700)

@@ -158,10 +158,10 @@ def stopped_at_the_limit(client, cell) -> str:
     import nbformat
 
     text = (
-        f"stopped at the {client.timeout:g} s cell limit (the grader interrupted the kernel; "
-        "a launch that was still waiting says above where each rank was)"
+        f"[grader] stopped at the {client.timeout:g} s cell limit (the grader interrupted the "
+        "kernel; a launch that was still waiting says above where each rank was)"
     )
-    cell.outputs.append(nbformat.v4.new_output("stream", name="stdout", text=f"[grader] {text}\n"))
+    cell.outputs.append(nbformat.v4.new_output("stream", name="stdout", text=f"{text}\n"))
     cell.outputs[-1]["name"] = "grader"
     return text
 
@@ -199,6 +199,8 @@ def run_test_cell(client, cell, index: int, names: list[str], timeout_output) ->
             ename = str(errors[0].get("ename", "Error"))
             evalue = "a hidden test failed" if hidden else str(errors[0].get("evalue", ""))
             error = f"{ename}: {evalue}"
+            if error.startswith("[grader]"):  # the grader's voice is the grader's alone
+                error = "your code raised " + error
         if hidden:
             piece.outputs = [hidden_error(errors[0].get("ename"))] if errors else []
         merged += piece.outputs
@@ -439,7 +441,8 @@ def bounded(nb):
         except Exception:
             size = None
         total += size or 0
-        if size is None or size > 2 * OUTPUT_LIMIT or total > SUBMISSION_OUTPUT_LIMIT + 100_000:
+        cap = 2 * OUTPUT_LIMIT + FIGURE_LIMIT  # a cell's text and its figures, with room
+        if size is None or size > cap or total > SUBMISSION_OUTPUT_LIMIT + 100_000:
             note = "[grader] outputs removed: malformed, or over the caps"
             cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=note + "\n")]
             cell.outputs[0]["name"] = "grader"

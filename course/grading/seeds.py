@@ -14,17 +14,20 @@ the cases a student could see in a plain run of the solution are seed 0's.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import secrets
 
 ENV = "COURSE_HIDDEN_SEED"
 
 
-def run_seed(given: int | None = None) -> int:
-    """The run's seed: ``given`` (to reproduce a run's verdicts), else a fresh random one."""
-    return secrets.randbits(31) if given is None else int(given)
+def run_seed(given: int | None = None) -> bytes:
+    """The run's secret: ``given`` (to reproduce a run's verdicts), else 16 random bytes. A
+    submission sees only its own seed, an HMAC of its name under this secret: it cannot work
+    back to the secret, nor to another student's seed (a small ``given`` can be searched)."""
+    return secrets.token_bytes(16) if given is None else str(int(given)).encode()
 
 
-def for_submission(run: int, student: str) -> int:
+def for_submission(run: bytes, student: str) -> int:
     """One submission's seed: different for each student of a run, and for each run."""
-    digest = hashlib.sha256(f"{run}:{student}".encode()).digest()
+    digest = hmac.new(run, student.encode(errors="surrogateescape"), hashlib.sha256).digest()
     return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF or 1  # never 0: 0 is the public seed

@@ -24,7 +24,10 @@ LONG = "z" * 3000  # one word far wider than any window
 def page(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("feedback")
     source, student = release(tmp)
-    nb = answer(student, square="import time; time.sleep(60); return x * x")  # hangs in its test
+    forged = "raise type('[grader] stopped at the 8 s cell limit', (Exception,), {})('no')"
+    nb = answer(  # square hangs in its test; mean fails dressed as the grader
+        student, square="import time; time.sleep(60); return x * x", mean=forged
+    )
     plot = (
         "import matplotlib.pyplot as plt\n"
         "plt.plot([1, 2, 3], [1, 4, 9]); plt.title('my curve'); plt.show()\n"
@@ -45,15 +48,17 @@ def test_the_page_shows_the_figure_and_heads_graded_cells_by_question(page):
     assert "test_square · 2 points · automatic test" in html
     assert "why · 1 points · your answer, read by the instructor" in html
     assert "<details><summary>How it ran" in html  # the isolation block, folded
-    assert "all of this machine's" in html  # one slot: how many cores the timings had
+    assert "every core of this machine" in html  # one slot: how many cores the timings had
 
 
 def test_a_cell_stopped_at_its_limit_says_so(page):
     result, html = page
     assert result.scores["test_square"] == 0.0
-    assert result.errors["test_square"].startswith("stopped at the 8 s cell limit"), result.errors
-    assert "[grader] stopped at the 8 s cell limit" in html
+    assert result.errors["test_square"].startswith("[grader] stopped at the 8 s cell limit")
+    assert "<b>Note from the grader</b><pre>[grader] stopped at the 8 s cell limit" in html
     assert "KeyboardInterrupt:" not in result.errors["test_square"]
+    # the submission's own exception cannot speak as the grader
+    assert result.errors["test_mean"].startswith("your code raised [grader]"), result.errors
 
 
 def test_the_page_fits_a_laptop_window_with_its_figure_drawn(page, tmp_path):

@@ -93,7 +93,7 @@ def test_a_table_of_the_last_runs_hidden_cases_scores_nothing_in_the_next(tmp_pa
     spy = graded(tmp_path, {"student": submission(SPY, SPY_NOTES)}, first_run, "spy")["student"]
     inputs = [n for n in asked(spy) if n != 10]
     assert spy.scores["test_digit_sum"] == 0.0 and len(inputs) == 6, (spy.errors, inputs)
-    assert spy.hidden_seed == seeds.for_submission(first_run, "student.ipynb")
+    assert spy.hidden_seed == seeds.for_submission(seeds.run_seed(first_run), "student")
     # Offline, the student solves those inputs and submits the answers as a table.
     table = {n: sum(map(int, str(n))) for n in [10, *inputs]}
     body = f"    return {json.dumps({str(k): v for k, v in table.items()})}.get(str(n), 0)\n"
@@ -126,6 +126,8 @@ def forger() -> nbformat.NotebookNode:
 
 @pytest.mark.parametrize("run", [1, 2, 3, 4, 5])
 def test_seeds_differ_by_student_and_run_and_are_never_the_public_zero(run):
-    a, b = seeds.for_submission(run, "ann.ipynb"), seeds.for_submission(run, "bob.ipynb")
-    assert a != b and a != seeds.for_submission(run + 100, "ann.ipynb")
+    key = seeds.run_seed(run)
+    a, b = seeds.for_submission(key, "ann"), seeds.for_submission(key, "bob")
+    assert a != b and a != seeds.for_submission(seeds.run_seed(run + 100), "ann")
     assert 0 < a < 2**31 and 0 < b < 2**31
+    assert seeds.run_seed() != seeds.run_seed() and len(seeds.run_seed()) == 16  # 128 bits

@@ -365,3 +365,68 @@ def test_the_solution_scores_fully_without_isolation_too(tmp_path):
     )["perfect"]
     assert perfect.status == "graded", perfect.reason
     assert perfect.total == sum(AUTO.values()), perfect.errors
+
+
+SHARD_WRONG_MORE = [
+    """
+    def shard_indices(n, rank, world_size, epoch=0, shuffle=True, seed=0):
+        if shuffle:                                     # torch's global generator, reseeded
+            torch.manual_seed(seed + epoch)
+            order = torch.randperm(n).tolist()
+        else:
+            order = list(range(n))
+        m = math.ceil(n / world_size)
+        order = (order * (m * world_size // n + 1))[: m * world_size]
+        return order[rank * m : (rank + 1) * m]
+    """,
+    """
+    def shard_indices(n, rank, world_size, epoch=0, shuffle=True, seed=0):
+        g = torch.Generator(); g.manual_seed(seed + epoch)
+        order = list(torch.randperm(n, generator=g)) if shuffle else list(torch.arange(n))
+        m = math.ceil(n / world_size)                   # a list of 0-d tensors, not of ints
+        order = (order * (m * world_size // n + 1))[: m * world_size]
+        return order[rank * m : (rank + 1) * m]
+    """,
+    """
+    def shard_indices(n, rank, world_size, epoch=0, shuffle=True, seed=0):
+        g = torch.Generator(); g.manual_seed(seed + epoch)
+        order = torch.randperm(n, generator=g).tolist() if shuffle else list(range(n))
+        m = math.ceil(n / world_size)
+        order = (order * (m * world_size // n + 1))[: m * world_size]
+        return [float(i) for i in order[rank * m : (rank + 1) * m]]   # floats equal to the ints
+    """,
+]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 4])
+def test_shard_indices_test_cell_passes_the_solution_and_fails_every_wrong_answer(
+    seed, monkeypatch
+):
+    # The whole test cell (probe, then check, hidden parts included) run here, as nbgrader
+    # would, with the grader's seed in the environment: the solution passes at every seed, each
+    # wrong answer fails at every seed (the table of a plain run's cases fails at every seed but
+    # 0, the one it was made from). Cheap: shard_indices needs no ranks.
+    import math
+    import textwrap
+
+    import torch
+
+    monkeypatch.setenv("COURSE_HIDDEN_SEED", str(seed))
+    source = {cells.grade_id(c): c.source for c in nbformat.read(LAB, as_version=4).cells}
+    test = source["test_shard_indices"].replace("# --- check ---", "")
+
+    def run(answer: str) -> bool:
+        ns = {"torch": torch, "math": math}
+        exec(textwrap.dedent(answer), ns)
+        try:
+            exec(test, ns)
+        except AssertionError:
+            return False
+        return True
+
+    assert run(
+        source["shard_indices"].replace("### BEGIN SOLUTION", "").replace("### END SOLUTION", "")
+    )
+    for answer in WRONG["shard_indices"][1] + SHARD_WRONG_MORE:
+        table = "table = {" in answer
+        assert run(answer) is (table and seed == 0), answer
