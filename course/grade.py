@@ -107,7 +107,7 @@ def _grade(
     k, n = check_shard(shard or (1, 1))
     entries = [p for i, p in enumerate(entries) if i % n == k - 1]
     entries, refused = _refuse_names(entries, qs)
-    write_manifest(out, source_bytes, (k, n), entries)
+    write_manifest(out, source_bytes, (k, n), entries, [r.student for r in refused])
     keys = [(p, submission_key(p, source_bytes, parameters, limits, iso.mode)) for p in entries]
     results, todo = _resume(out, keys)
     for r in refused:  # graded as refused, alone: the batch goes on

@@ -96,12 +96,15 @@ def check_shard(shard) -> tuple[int, int]:
     return k, n
 
 
-def write_manifest(out: Path, source_bytes: bytes, shard: tuple[int, int], entries) -> None:
-    """What this folder grades: the lab (by hash), the slice, the students in it."""
+def write_manifest(
+    out: Path, source_bytes: bytes, shard: tuple[int, int], entries, refused=()
+) -> None:
+    """What this folder grades: the lab (by hash), the slice, the students in it (``refused``:
+    the names of submissions refused by their name, which merge must carry too)."""
     manifest = {
         "lab_sha256": hashlib.sha256(source_bytes).hexdigest(),
         "shard": list(shard),
-        "students": [p.stem if p.is_file() else p.name for p in entries],
+        "students": [p.stem if p.is_file() else p.name for p in entries] + list(refused),
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
 

@@ -4,6 +4,8 @@ back exactly from a written question's sheet."""
 
 from __future__ import annotations
 
+import json
+
 import nbformat
 import pytest
 from grading_fixtures import answer, release
@@ -32,6 +34,9 @@ def test_a_long_name_and_a_shared_name_are_refused_alone(tmp_path):
     assert "over 200 bytes" in next(r.reason for k, r in refused.items() if "…" in k)
     book = (tmp_path / "out" / "gradebook.csv").read_text()
     assert "bob (folder)" in book and "carol" in book
+    # the slice's manifest names them too: `course grade-merge` carries refusals, not drops them
+    manifest = json.loads((tmp_path / "out" / "shard.json").read_text())
+    assert set(refused) <= set(manifest["students"])
 
 
 @pytest.mark.parametrize("name", ["=alice", "'=alice", " carol", "carol ", "-1", "'", "plain"])
