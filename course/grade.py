@@ -231,14 +231,16 @@ def _folders(out: Path) -> Path:
 
 def _resume(out: Path, keys) -> tuple[dict[str, Result], list]:
     """(the saved results still valid, the (path, key) of the submissions left to grade): a
-    result is kept when its key matches, i.e. nothing it was graded from has changed."""
+    result is kept when its key matches, i.e. nothing it was graded from has changed, and it
+    is not an "error": that status is the grader's own failure (a sandbox that did not start,
+    a bug), never the submission's, so a re-run grades it again instead of keeping its zeros."""
     results, todo = {}, []
     for path, key in keys:
         name = path.stem if path.is_file() else path.name
         saved = out / "results" / f"{name}.json"
         if saved.exists():
             data = json.loads(saved.read_text())
-            if data.get("key") == key:
+            if data.get("key") == key and data.get("status") != "error":
                 results[name] = Result(**data)
                 continue
         todo.append((path, key))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -264,6 +265,12 @@ def test_resume_skips_graded_and_unchanged_submissions(assignment, tmp_path):
     assert len(os.listdir("/proc/self/fd")) == fds  # grading leaves no file descriptor open
     assert (out / "results" / "a.json").stat().st_mtime_ns == stamp  # a was not graded again
     assert first["b"].total == 3.0 and second["b"].total == 6.0 and second["a"].total == 6.0
+    # A result the grader failed on ("error": its sandbox, its bug) is graded again, not kept.
+    saved = json.loads((out / "results" / "a.json").read_text())
+    saved.update(status="error", reason="grader error: the sandbox did not start", scores={})
+    (out / "results" / "a.json").write_text(json.dumps(saved))
+    third = grade(src, subs, out, progress=False)
+    assert third["a"].status == "graded" and third["a"].total == 6.0
 
 
 def test_load_submission_reasons(tmp_path):
