@@ -751,7 +751,8 @@ def test_forged_messages_stay_within_the_caps_and_keep_the_notebook(messages):
         r = results[name]
         assert r.status == "graded" and r.total == 6.0, (name, r.status, r.reason)
         assert (
-            r.executed is not None and r.executed.stat().st_size < SUBMISSION_OUTPUT_LIMIT + 200_000
+            r.executed is not None
+            and Path(r.executed).stat().st_size < SUBMISSION_OUTPUT_LIMIT + 200_000
         ), name
         assert (
             out / "feedback" / f"{name}.html"
