@@ -38,6 +38,7 @@ from course.grading.shards import (
     submission_key,
     write_manifest,
 )
+from course.grading.submission import student_name
 
 
 def grade(
@@ -127,7 +128,7 @@ def _grade(
                 )
             except Exception as exc:  # the grader's own bug must not sink the batch either
                 r = Result(
-                    path.stem if path.is_file() else path.name,
+                    student_name(path),
                     "error",
                     f"grader error: {type(exc).__name__}: {exc}",
                     blank_scores(qs),
@@ -169,11 +170,6 @@ def export(lab, out, title: str | None = None) -> Path:
 
 
 NAME_BYTES = 200  # a student's name becomes file names (results/NAME.json, feedback/NAME.html)
-
-
-def student_name(path: Path) -> str:
-    """The name a submission is graded under: a file's without .ipynb, a folder's whole."""
-    return path.stem if path.is_file() else path.name
 
 
 def _refuse_names(entries: list[Path], qs) -> tuple[list[Path], list[Result]]:
@@ -236,7 +232,7 @@ def _resume(out: Path, keys) -> tuple[dict[str, Result], list]:
     a bug), never the submission's, so a re-run grades it again instead of keeping its zeros."""
     results, todo = {}, []
     for path, key in keys:
-        name = path.stem if path.is_file() else path.name
+        name = student_name(path)
         saved = out / "results" / f"{name}.json"
         if saved.exists():
             data = json.loads(saved.read_text())

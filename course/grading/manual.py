@@ -24,12 +24,11 @@ import html
 import io
 import json
 import math
-import os
 import urllib.parse
 from pathlib import Path
 
-from course.grading.reports import _text
-from course.grading.results import Question, Result
+from course.grading.reports import CSP, STYLE, _text, write_atomic
+from course.grading.results import Question, Result, pending
 
 FOLDER = "manual"
 COLUMNS = ["student", "points", "comment", "max", "lab"]
@@ -71,12 +70,6 @@ def _read(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def write_sheets(out: Path, source, source_bytes: bytes, qs, results: dict[str, Result]) -> None:
     """A sheet and a page per written question; rows already in a sheet are kept as they are."""
     folder = out / FOLDER
@@ -103,13 +96,11 @@ def write_sheets(out: Path, source, source_bytes: bytes, qs, results: dict[str, 
         writer = csv.DictWriter(buf, COLUMNS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
-        _write_atomic(sheet, buf.getvalue())
-        _write_atomic(folder / f"{q.grade_id}.html", _page(q, model.get(q.grade_id, ""), results))
+        write_atomic(sheet, buf.getvalue())
+        write_atomic(folder / f"{q.grade_id}.html", _page(q, model.get(q.grade_id, ""), results))
 
 
 def _page(q: Question, model: str, results: dict[str, Result]) -> str:
-    from course.grading.reports import CSP, STYLE
-
     parts = [
         "<!doctype html><meta charset='utf-8'>",
         f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">",
@@ -187,10 +178,6 @@ def apply(results: dict[str, Result], marks: dict) -> None:
             r.comments = {**(r.comments or {}), gid: comment} if comment else r.comments
 
 
-def pending(r: Result, qs) -> list[str]:
-    return [q.grade_id for q in qs if q.manual and r.scores.get(q.grade_id) is None]
-
-
 def export_lms(results: dict[str, Result], qs, out: Path, title: str) -> Path:
     """lms.csv: the columns an LMS gradebook import maps (student, the assignment's points, its
     maximum), the written answers included once marked; a pending one is said, not zeroed."""
@@ -202,7 +189,7 @@ def export_lms(results: dict[str, Result], qs, out: Path, title: str) -> Path:
         r = results[name]
         w.writerow([_text(name), f"{r.total:g}", f"{full:g}", " ".join(pending(r, qs))])
     path = out / "lms.csv"
-    _write_atomic(path, buf.getvalue())
+    write_atomic(path, buf.getvalue())
     return path
 
 

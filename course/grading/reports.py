@@ -23,7 +23,7 @@ from pathlib import Path
 
 import nbformat
 
-from course.grading.results import Question, Result
+from course.grading.results import Question, Result, pending
 
 
 def _text(value: str) -> str:
@@ -57,12 +57,16 @@ def write_gradebook(results: dict[str, Result], qs: list[Question], out: Path) -
             for q in qs
         ]
         # max: the automatic points, and each written answer's once a person has marked it
-        waiting = [q.grade_id for q in qs if q.manual and r.scores.get(q.grade_id) is None]
+        waiting = pending(r, qs)
         top = sum(q.points for q in qs if q.grade_id not in waiting)
         w.writerow([_text(name), *row, r.total, top, " ".join(waiting), r.status, _text(r.reason)])
-    path = out / "gradebook.csv"
-    tmp = out / ".gradebook.csv.tmp"
-    tmp.write_text(buf.getvalue())
+    return write_atomic(out / "gradebook.csv", buf.getvalue())
+
+
+def write_atomic(path: Path, text: str) -> Path:
+    """``text`` at ``path``, replaced whole (a reader never sees half a file)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
     return path
 

@@ -51,6 +51,11 @@ class Result:
         return round(sum(v for v in self.scores.values() if v is not None), 4)
 
 
+def pending(r: Result, qs: list[Question]) -> list[str]:
+    """The written questions of ``r`` that no person has marked yet."""
+    return [q.grade_id for q in qs if q.manual and r.scores.get(q.grade_id) is None]
+
+
 def blank_scores(qs: list[Question]) -> dict:
     """0 for every automatic question, None (a person grades it) for written answers."""
     return {q.grade_id: (None if q.manual else 0.0) for q in qs}

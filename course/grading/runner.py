@@ -36,7 +36,7 @@ from course.grading.assemble import assemble, split_tests
 from course.grading.isolation import UNSAFE, UNSAFE_NOTE, Group, Isolation, alive, usage
 from course.grading.manual import answers_of
 from course.grading.results import Limits, Question, Result, blank_scores
-from course.grading.submission import load_submission
+from course.grading.submission import load_submission, student_name
 from course.grading.verdict import Checker
 
 
@@ -62,7 +62,7 @@ def grade_one(
     ``cpus``; ``work`` holds the job's private folder (its logs and executed notebook stay there).
     ``stop`` set: the run ends at once, as "interrupted". ``hidden_seed``: what the kernel and
     the checker read as COURSE_HIDDEN_SEED (course.grading.seeds)."""
-    student = path.stem if path.is_file() else path.name
+    student = student_name(path)
     start = time.monotonic()
     nb, reason = load_submission(path)
     if nb is None:

@@ -74,6 +74,11 @@ def _read_regular(path: Path) -> tuple[bytes | None, str | None]:
         return raw, None
 
 
+def student_name(path: Path) -> str:
+    """The name a submission is graded under: a file's without .ipynb, a folder's whole."""
+    return path.stem if path.is_file() else path.name
+
+
 def load_submission(path: Path):
     """(notebook, None) or (None, reason) for anything that is not a readable notebook."""
     if path.is_symlink():
