@@ -3,8 +3,10 @@ submissions built from plausible wrong answers. Shared by the tests of every lab
 
 from __future__ import annotations
 
+import os
 import shutil
 import textwrap
+import time
 from pathlib import Path
 
 import nbformat
@@ -15,23 +17,24 @@ from course.grading.results import Limits
 from course.syllabus import load_syllabus
 
 
-def wrong_submissions(wrong: dict, halves: int = 0) -> dict[str, dict[str, str]]:
-    """{name: {solution grade_id: wrong source}} from ``wrong`` = {grade_id: (test, [variants])}.
+def wrong_submissions(wrong: dict, halves: int = 1, graded: int = 1) -> dict[str, dict[str, str]]:
+    """{name: {solution grade_id: wrong source}} from ``wrong`` = {grade_id: (test, [variants])},
+    for the first ``graded`` variants of each question (the grader's own run of a class).
 
-    Submission ``wrong{v}`` holds variant v of every question that has one (right where it has
-    none: a question with fewer variants is right in the last submissions, so a wrong answer
-    elsewhere is seen not to cost its points). The first ``halves`` variants are instead split
-    in two submissions, ``wrong{v}a`` and ``wrong{v}b``, each wrong in every other question and
-    right in the rest: a wrong answer must cost only its own points. Every variant is graded
-    once, in as few submissions as that allows (grading a class is most of the suite's time).
-    The price: in a submission wrong everywhere, a wrong answer that broke what another
-    question's test relies on would hide whether that question's own wrong answer is caught;
-    the halves, and the last submissions where short lists of variants have run out, show
-    the questions' tests independent of each other."""
+    Submission ``wrong{v}`` holds variant v of every question that has one. The first ``halves``
+    variants are instead split in two submissions, ``wrong{v}a`` and ``wrong{v}b``, each wrong in
+    every other question and right in the rest: between them every question is once wrong (it
+    must lose its points) and once right beside wrong answers (it must keep them), which shows
+    through the grader itself that a wrong answer costs its own points and only those.
+
+    Every other variant is checked in one kernel by ``wrong_answer_verdicts``: its question's
+    test cell, hidden parts included, must fail on it. A whole graded submission per variant
+    cost a kernel, the imports and every graded cell for each (most of the suite's time); what
+    the grader adds to a failing test cell (zero points for that question) the halves show."""
     subs = {}
     order = list(wrong)
     most = max(len(variants) for _, variants in wrong.values())
-    for v in range(most):
+    for v in range(min(most, graded)):
         for parity in (0, 1) if v < halves else (None,):
             chosen = {
                 gid: textwrap.dedent(wrong[gid][1][v]).strip()
@@ -84,7 +87,6 @@ def grade_class(
     student: Path,
     wrong: dict,
     tmp: Path,
-    halves: int = 0,
     overrides: dict | None = None,
     limits: Limits | None = None,
     entry: Path | None = None,
@@ -97,7 +99,7 @@ def grade_class(
     subs.mkdir()
     shutil.copy(lab, subs / "perfect.ipynb")  # the solution is a perfect submission
     shutil.copy(student, subs / "untouched.ipynb")
-    for name, replace in wrong_submissions(wrong, halves).items():
+    for name, replace in wrong_submissions(wrong).items():
         write_submission(lab, subs / f"{name}.ipynb", replace)
     quick = next(e for e in load_syllabus() if e.path == (entry or lab)).parameters("quick")
     return grade(
@@ -127,14 +129,102 @@ def grade_trimmed(
     )
 
 
-def assert_wrong_answers_lose_their_points(graded: dict, wrong: dict, auto: dict, halves=0):
-    for name, replace in wrong_submissions(wrong, halves).items():
+def assert_wrong_answers_lose_their_points(graded: dict, wrong: dict, auto: dict) -> None:
+    """Graded by the grader: each question of ``wrong_submissions`` zero where it is wrong, full
+    where it is right (in the same submission)."""
+    for name, replace in wrong_submissions(wrong).items():
         result = graded[name]
         assert result.status == "graded", (name, result.reason)
         wrong_tests = {wrong[gid][0] for gid in replace}
         for test, points in auto.items():
             want = 0.0 if test in wrong_tests else float(points)
             assert result.scores[test] == want, (name, test, result.scores, result.errors)
+
+
+SPAN_LAUNCH_CAP = 30.0  # s: the longest launch of a test cell, about 6 s on 2 quiet cores, x5
+
+
+def wrong_answer_verdicts(
+    lab: Path, wrong: dict, ungraded: tuple, tmp: Path, overrides: dict | None = None
+) -> dict[tuple[str, int], str | None]:
+    """{(question, v): None if its test cell passed on variant v, else the error}; (question, -1)
+    is the solution, run after the question's variants.
+
+    One real kernel of the project runs the lab without the ``ungraded`` cells, with the quick
+    profile (and ``overrides``) injected after its parameters cell and a hidden seed that is not
+    the default (a table of a plain run's cases fails). Then for each question, each wrong
+    answer replaces the answer cell and everything from it to the question's test cell runs
+    again, probe and check and the hidden parts, as the grader runs them for a submission; then
+    the solution and the same cells, which must pass again: a variant cannot leave behind state
+    that failed the next one for it. Cells between an answer and its test (the helpers a test
+    calls) run each time, so they see the wrong answer as they would in a submission."""
+    from nbclient import NotebookClient
+
+    folder = tmp / "verdicts"
+    folder.mkdir()
+    path = trimmed(lab, folder, ungraded)
+    quick = next(e for e in load_syllabus() if e.path == lab).parameters("quick")
+    override(path, {**quick, **(overrides or {})})
+    nb = nbformat.read(path, as_version=4)
+    at = {cells.grade_id(c): i for i, c in enumerate(nb.cells)}
+    # allow_errors: a failing cell is read from its outputs. Raising instead asks the kernel to
+    # stop on the error, and ipykernel then drops the next request too (the solution's cell
+    # that should have put the right answer back).
+    client = NotebookClient(nb, kernel_name="multigpu-course", timeout=300, allow_errors=True)
+    env = {**os.environ, "COURSE_HIDDEN_SEED": "7"}
+
+    # nbclient puts each cell it runs at its index in the notebook: a variant would replace the
+    # solution there, so every run builds its cell anew from these sources.
+    code = [c.source if c.cell_type == "code" else None for c in nb.cells]
+
+    def run(index: int, source: str | None = None) -> str | None:
+        if code[index] is None:
+            return None
+        cell = nbformat.v4.new_code_cell(code[index] if source is None else source)
+        client.execute_cell(cell, index)
+        errors = [o for o in cell.outputs if o.output_type == "error"]
+        return f"cell {index}: {errors[0].ename}: {errors[0].evalue}"[:500] if errors else None
+
+    verdicts, seconds = {}, {}
+    with client.setup_kernel(cwd=str(lab.parent), env=env):
+        for i, cell in enumerate(nb.cells):
+            # a cell that reads what a left-out cell made fails here as it does in grading, and
+            # is not run again; no graded cell may fail (answers, tests, the cells they rely on)
+            error = run(i)
+            assert error is None or cells.grade_id(cell) is None, f"the solution fails: {error}"
+            if error:
+                code[i] = None
+        # A wrong pipeline or collective can leave a rank waiting for ever: its launch is cut
+        # at SPAN_LAUNCH_CAP (as the grader cuts one at its cell timeout), not at the lab's own
+        # timeout of a minute or more. The test cells' own launches take seconds.
+        cap = "import helpers.launcher.launch as _launch; _launch.TIMEOUT_CAP = {}"
+        client.execute_cell(nbformat.v4.new_code_cell(cap.format(SPAN_LAUNCH_CAP)), 0)
+        for gid, (test, variants) in wrong.items():
+            answer, check = at[gid], at[test]
+            assert answer < check, (gid, test)
+            for v, source in enumerate(variants):
+                assert run(answer, textwrap.dedent(source).strip()) is None, (
+                    f"{gid} variant {v} does not even define itself: a wrong answer must fail "
+                    "its test, not its own cell"
+                )
+                start = time.monotonic()
+                verdicts[gid, v] = next(
+                    filter(None, (run(i) for i in range(answer + 1, check + 1))), None
+                )
+                seconds[gid, v] = time.monotonic() - start
+            verdicts[gid, -1] = next(filter(None, (run(i) for i in range(answer, check + 1))), None)
+    slow = sorted(seconds.items(), key=lambda kv: -kv[1])[:5]
+    print("slowest variants:", ", ".join(f"{g} {v}: {t:.1f} s" for (g, v), t in slow))
+    return verdicts
+
+
+def assert_each_wrong_answer_fails_its_test(verdicts: dict, wrong: dict) -> None:
+    for gid, (test, variants) in wrong.items():
+        assert verdicts[gid, -1] is None, f"the solution of {gid} fails {test}: {verdicts[gid, -1]}"
+        passed = [v for v in range(len(variants)) if verdicts[gid, v] is None]
+        assert not passed, f"{test} passes wrong answers of {gid}: " + "\n---\n".join(
+            textwrap.dedent(variants[v]) for v in passed
+        )
 
 
 def assert_perfect_scores_all_and_untouched_none(graded: dict, auto: dict, manual: set) -> None:

@@ -4,7 +4,8 @@ The wrong answers are the ones a student would write (an off-by-one search, Dist
 wrapped, a sum that is never divided, the speedup against the wrong baseline, MiB for MB, ...).
 The first wrong answer of each question is graded in two submissions, each wrong in every other
 question and right in the rest, so the test also shows that a wrong answer costs only its own
-question's points; the others are graded all at once (fewer submissions, a shorter suite).
+question's points; every wrong answer is also checked in one kernel against its question's test
+cell, hidden parts included (lab_grading.wrong_answer_verdicts).
 """
 
 from __future__ import annotations
@@ -276,28 +277,14 @@ UNGRADED = (
 )
 
 
-HALVES = 1  # variant 0 in two halves (wrong0a, wrong0b); the others one submission each
-
-
-def wrong_submissions() -> dict[str, dict[str, str]]:
-    return lab_grading.wrong_submissions(WRONG, HALVES)
-
-
 def test_every_question_has_wrong_answers_that_differ_from_the_solution():
     solution = {cells.grade_id(c): c.source for c in nbformat.read(LAB, as_version=4).cells}
     assert {test for test, _ in WRONG.values()} == set(AUTO)
     for gid, (_, variants) in WRONG.items():
         assert gid in solution and len(variants) >= 3, gid
-    covered = {gid for sub in wrong_submissions().values() for gid in sub}
-    assert covered == set(WRONG)
-    assert set(wrong_submissions()) == {
-        "wrong0a",
-        "wrong0b",
-        "wrong1",
-        "wrong2",
-        "wrong3",
-        "wrong4",
-    }
+    graded = lab_grading.wrong_submissions(WRONG)
+    assert set(graded) == {"wrong0a", "wrong0b"}
+    assert {gid for sub in graded.values() for gid in sub} == set(WRONG)
 
 
 def test_the_unfinished_student_version_says_what_to_do():
@@ -317,15 +304,13 @@ def test_the_unfinished_student_version_says_what_to_do():
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """Grade the solution, the untouched student version and every wrong submission, once.
+    """Grade the solution, the untouched student version and the two wrong submissions, once.
 
     On copies without the ungraded cells (thread budgets, the set_epoch demo, tables, plots,
     the α-β benchmark and cost model), with one timing repeat and worlds of 1 and 2: the
     graded cells' figures are checked for form and against each other, never against a time."""
     tmp = tmp_path_factory.mktemp("lab01")
-    return lab_grading.grade_trimmed(
-        LAB, STUDENT, WRONG, UNGRADED, tmp, halves=HALVES, overrides=FASTER
-    )
+    return lab_grading.grade_trimmed(LAB, STUDENT, WRONG, UNGRADED, tmp, overrides=FASTER)
 
 
 @pytest.mark.slow
@@ -338,7 +323,27 @@ def test_the_solution_scores_every_automatic_point_and_the_unfinished_lab_none(g
 
 @pytest.mark.slow
 def test_each_plausible_wrong_answer_loses_its_points_and_only_those(graded):
-    lab_grading.assert_wrong_answers_lose_their_points(graded, WRONG, AUTO, HALVES)
+    lab_grading.assert_wrong_answers_lose_their_points(graded, WRONG, AUTO)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_each_plausible_wrong_answer_fails_its_test_cell(tmp_path):
+    # and a right answer written differently passes (the check can tell them apart): the last
+    # "variant" of largest_fitting_batch is one
+    test, variants = WRONG["largest_fitting_batch"]
+    right = """
+    def largest_fitting_batch(fits, start=32, limit=None):
+        batch = start
+        while (limit is None or batch <= limit) and fits(batch):
+            batch = batch * 2
+        return batch // 2 if batch > start else None
+    """
+    checked = {**WRONG, "largest_fitting_batch": (test, [*variants, right])}
+    verdicts = lab_grading.wrong_answer_verdicts(LAB, checked, UNGRADED, tmp_path, FASTER)
+    assert verdicts["largest_fitting_batch", len(variants)] is None
+    del verdicts["largest_fitting_batch", len(variants)]
+    lab_grading.assert_each_wrong_answer_fails_its_test(verdicts, WRONG)
 
 
 @pytest.mark.slow

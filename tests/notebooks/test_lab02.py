@@ -4,9 +4,11 @@ The wrong answers are the ones a student would write: gradients averaged where D
 sums them, a model "replicated" by sharing it, DDP that never broadcasts or never divides, that
 all-reduces after backward or synchronously, buckets in forward order, a parameter without a
 gradient handled wrongly; steps counted with a floor; a loss not divided by k, a forward outside
-``no_sync``. To keep the suite short each wrong submission is wrong in every question at once
-(lab 01's test shows that a wrong answer costs only its own points), and the ungraded timing and
-training cells run with fewer repeats than the quick profile.
+``no_sync``. The grader grades the solution, the untouched lab and the first wrong answer of every question in
+two halves (each wrong in every other question: a wrong answer costs its own points and only
+those); every wrong answer is also checked in one kernel against its question's test cell,
+hidden parts included (lab_grading.wrong_answer_verdicts). The ungraded timing and training cells run with fewer
+repeats than the quick profile.
 """
 
 from __future__ import annotations
@@ -279,7 +281,7 @@ def test_every_question_has_wrong_answers_that_differ_from_the_solution():
     for gid, (_, variants) in WRONG.items():
         assert gid in solution and len(variants) >= 4, gid
         assert len({v.strip() for v in variants}) == len(variants), gid
-    assert set(lab_grading.wrong_submissions(WRONG)) == {f"wrong{v}" for v in range(10)}
+    assert set(lab_grading.wrong_submissions(WRONG)) == {"wrong0a", "wrong0b"}
 
 
 def test_the_unfinished_student_version_says_what_to_do():
@@ -319,3 +321,10 @@ def test_the_solution_scores_every_automatic_point_and_the_unfinished_lab_none(g
 @pytest.mark.slow
 def test_each_plausible_wrong_answer_loses_its_points(graded):
     lab_grading.assert_wrong_answers_lose_their_points(graded, WRONG, AUTO)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_each_plausible_wrong_answer_fails_its_test_cell(tmp_path):
+    verdicts = lab_grading.wrong_answer_verdicts(LAB, WRONG, UNGRADED, tmp_path, FASTER)
+    lab_grading.assert_each_wrong_answer_fails_its_test(verdicts, WRONG)

@@ -10,8 +10,10 @@ gradients summed again, strided shards read back in order, ``zero_grad`` forgott
 buffer for every dtype; bytes per
 rank with Adam's state counted once, unpadded or floored shards, the gradients sharded at stage
 1, the parameters never sharded, SGD given a state, mixed precision's bytes in fp32, stage 2 and
-3 swapped. Each wrong submission is wrong in every question at once (lab 01's test shows that a
-wrong answer costs only its own points); the ungraded timing, fitting and plot cells are left out.
+3 swapped. The grader grades the solution, the untouched lab and the first wrong answer of every question in
+two halves (each wrong in every other question: a wrong answer costs its own points and only
+those); every wrong answer is also checked in one kernel against its question's test cell,
+hidden parts included (lab_grading.wrong_answer_verdicts). The ungraded timing, fitting and plot cells are left out.
 """
 
 from __future__ import annotations
@@ -249,7 +251,7 @@ def test_every_question_has_wrong_answers_that_differ_from_the_solution():
         assert gid in solution and len(variants) >= 4, gid
         assert len({v.strip() for v in variants}) == len(variants), gid
         assert all(v.strip() != solution[gid].strip() for v in variants), gid
-    assert set(lab_grading.wrong_submissions(WRONG)) == {f"wrong{v}" for v in range(10)}
+    assert set(lab_grading.wrong_submissions(WRONG)) == {"wrong0a", "wrong0b"}
 
 
 def test_the_right_parts_of_the_wrong_answer_templates_are_the_solution():
@@ -289,3 +291,10 @@ def test_the_solution_scores_every_automatic_point_and_the_unfinished_lab_none(g
 
 def test_each_plausible_wrong_answer_loses_its_points(graded):
     lab_grading.assert_wrong_answers_lose_their_points(graded, WRONG, AUTO)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_each_plausible_wrong_answer_fails_its_test_cell(tmp_path):
+    verdicts = lab_grading.wrong_answer_verdicts(LAB, WRONG, UNGRADED, tmp_path)
+    lab_grading.assert_each_wrong_answer_fails_its_test(verdicts, WRONG)

@@ -8,8 +8,11 @@ sends with a blocking `send`, or times the wait in `recv` as compute; the bubble
 rank's own span, over the number of events, without the ranks, from time 0, from the first
 and last event listed; a tensor-parallel
 MLP without the forward all-reduce, with the bias added on every rank, without the backward
-all-reduce, all-reducing both ways, or averaging instead of summing. Each wrong submission is
-wrong in every question at once; the ungraded timing, memory and comparison cells are left out.
+all-reduce, all-reducing both ways, or averaging instead of summing. The grader grades the solution, the untouched lab and the first wrong answer of every question in
+two halves (each wrong in every other question: a wrong answer costs its own points and only
+those); every wrong answer is also checked in one kernel against its question's test cell,
+hidden parts included (lab_grading.wrong_answer_verdicts).
+The ungraded timing, memory and comparison cells are left out.
 """
 
 from __future__ import annotations
@@ -217,7 +220,10 @@ WRONG = {
     ),
     "bubble_fraction": (
         "test_bubble_fraction",
-        ["(p - 1) / m", "p / (m + p - 1)", "(p - 1) / (m + p)", "1 / m"],
+        [
+            f"def bubble_fraction(p, m):\n    return {wrong}"
+            for wrong in ("(p - 1) / m", "p / (m + p - 1)", "(p - 1) / (m + p)", "1 / m")
+        ],
     ),
     "measured_bubble": (
         "test_measured_bubble",
@@ -324,3 +330,10 @@ def test_the_solution_scores_every_automatic_point_and_the_unfinished_lab_none(g
 
 def test_each_plausible_wrong_answer_loses_its_points(graded):
     lab_grading.assert_wrong_answers_lose_their_points(graded, WRONG, AUTO)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_each_plausible_wrong_answer_fails_its_test_cell(tmp_path):
+    verdicts = lab_grading.wrong_answer_verdicts(LAB, WRONG, UNGRADED, tmp_path)
+    lab_grading.assert_each_wrong_answer_fails_its_test(verdicts, WRONG)

@@ -8,7 +8,10 @@ divides by zero without warmup; a LARS without the trust ratio, with it on the b
 one norm for the whole model, per row, squared, without the weight decay in its denominator, on
 the momentum instead of the step, without the trust coefficient, dividing by a zero gradient
 norm, or reading its hyperparameters from the defaults instead of each group. The sweeps, the
-timing and the plots grade nothing and are left out.
+timing and the plots grade nothing and are left out. The grader grades the solution, the untouched lab and the first wrong answer of every question in
+two halves (each wrong in every other question: a wrong answer costs its own points and only
+those); every wrong answer is also checked in one kernel against its question's test cell,
+hidden parts included (lab_grading.wrong_answer_verdicts).
 """
 
 from __future__ import annotations
@@ -283,3 +286,10 @@ def test_the_solution_scores_every_automatic_point_and_the_unfinished_lab_none(g
 
 def test_each_plausible_wrong_answer_loses_its_points(graded):
     lab_grading.assert_wrong_answers_lose_their_points(graded, WRONG, AUTO)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_each_plausible_wrong_answer_fails_its_test_cell(tmp_path):
+    verdicts = lab_grading.wrong_answer_verdicts(LAB, WRONG, UNGRADED, tmp_path)
+    lab_grading.assert_each_wrong_answer_fails_its_test(verdicts, WRONG)

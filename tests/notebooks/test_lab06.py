@@ -7,7 +7,10 @@ exposed part, a mean, warm-up kept, skip ignored, a ratio of medians or of sums;
 that ignores the target asked, accepts a loss equal to the target, counts only the crossing epoch's seconds or those
 before it, numbers epochs from 0, takes the last crossing, or reports the end of training when
 the target is never reached. The zoo, the training runs, the ViT, the sweep and the plots grade
-nothing and are left out.
+nothing and are left out. The grader grades the solution, the untouched lab and the first wrong answer of every question in
+two halves (each wrong in every other question: a wrong answer costs its own points and only
+those); every wrong answer is also checked in one kernel against its question's test cell,
+hidden parts included (lab_grading.wrong_answer_verdicts).
 """
 
 from __future__ import annotations
@@ -205,3 +208,10 @@ def test_the_solution_scores_every_automatic_point_and_the_unfinished_lab_none(g
 
 def test_each_plausible_wrong_answer_loses_its_points(graded):
     lab_grading.assert_wrong_answers_lose_their_points(graded, WRONG, AUTO)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_each_plausible_wrong_answer_fails_its_test_cell(tmp_path):
+    verdicts = lab_grading.wrong_answer_verdicts(LAB, WRONG, UNGRADED, tmp_path)
+    lab_grading.assert_each_wrong_answer_fails_its_test(verdicts, WRONG)
