@@ -185,7 +185,7 @@ def find_lab(name: str):
 def _grade(args) -> int:
     from pathlib import Path
 
-    from course.grade import grade
+    from course.grade import NotWritten, grade
     from course.grading.reports import summary
     from course.grading.results import Limits
     from course.syllabus import REPO, load_syllabus
@@ -237,6 +237,9 @@ def _grade(args) -> int:
     except KeyboardInterrupt:
         print(f"interrupted: finished grades kept in {out}/gradebook.csv", file=sys.stderr)
         return 130
+    except NotWritten as exc:
+        print(f"course grade: {exc}", file=sys.stderr)
+        return 1
     print(summary(results))
     print(f"gradebook: {out}/gradebook.csv, feedback: {out}/feedback/")
     return 0

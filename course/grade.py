@@ -270,21 +270,59 @@ def _run_all(task, todo, results, qs, out: Path, jobs: int, stop, desc: str, pro
     bar = tqdm(total=len(todo), desc=desc, unit="sub", disable=not progress)
     pool = ThreadPoolExecutor(max_workers=max(1, jobs))
     futures = [pool.submit(task, p, k) for p, k in todo]
+    unwritten = {}  # what a short disk (or any write error) kept from the output folder
     try:
         for fut in as_completed(futures):
             r = fut.result()
             if r.status != "interrupted":
-                write_feedback(r, qs, out)
-                save_result(r, out / "results" / f"{r.student}.json")
                 results[r.student] = r
-                write_gradebook(results, qs, out)
+                _keep(r, qs, out, results, unwritten)
             bar.update(1)
     except KeyboardInterrupt:
         stop.set()
         pool.shutdown(wait=True, cancel_futures=True)
-        write_gradebook(results, qs, out)
+        _written(lambda: write_gradebook(results, qs, out), "gradebook.csv", unwritten)
         raise
     finally:
         pool.shutdown(wait=True)
         bar.close()
-    write_gradebook(results, qs, out)
+    unwritten.pop("gradebook.csv", None)  # written again now, whole: only its last try counts
+    _written(lambda: write_gradebook(results, qs, out), "gradebook.csv", unwritten)
+    if unwritten:
+        raise NotWritten(out, unwritten)
+
+
+class NotWritten(OSError):
+    """Every submission was graded, but some of what grading writes could not be written."""
+
+    def __init__(self, out: Path, unwritten: dict):
+        self.unwritten = unwritten
+        names = ", ".join(sorted(unwritten)[:5]) + (" ..." if len(unwritten) > 5 else "")
+        why = sorted(set(unwritten.values()))[0]
+        super().__init__(
+            f"could not write the results of {len(unwritten)} submission(s) or report(s) to "
+            f"{out} ({why}): {names}. Free space there (or choose --out elsewhere) and run the "
+            "same command again: what was written is kept, the rest is graded again."
+        )
+
+
+def _written(write, name: str, unwritten: dict) -> bool:
+    """Run ``write``; on an OSError (a full disk), note it under ``name`` and go on."""
+    try:
+        write()
+        return True
+    except OSError as exc:
+        unwritten[name] = exc.strerror or type(exc).__name__
+        return False
+
+
+def _keep(r: Result, qs, out: Path, results: dict, unwritten: dict) -> None:
+    """A finished submission's feedback page and saved result, then the gradebook. A write that
+    fails costs that submission's files alone (it is graded again next run: no saved result),
+    never the batch: the others are still graded and written."""
+    ok = _written(lambda: write_feedback(r, qs, out), r.student, unwritten)
+    if ok and _written(
+        lambda: save_result(r, out / "results" / f"{r.student}.json"), r.student, unwritten
+    ):
+        unwritten.pop(r.student, None)
+    _written(lambda: write_gradebook(results, qs, out), "gradebook.csv", unwritten)

@@ -14,25 +14,43 @@ import resource
 import sys
 
 SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}
-KEYCTL_JOIN_SESSION_KEYRING, KEYCTL_CLEAR = 1, 7
-KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING = -4, -5
+KEYCTL_JOIN_SESSION_KEYRING, KEYCTL_CLEAR, KEYCTL_GET_PERSISTENT = 1, 7, 22
+KEY_SPEC_SESSION_KEYRING, KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING = -3, -4, -5
 
 
 def forget_keys() -> None:
-    """Empty this uid's kernel keyrings and start a fresh session keyring.
+    """Empty this uid's kernel keyrings (its user, user-session and persistent keyrings) and
+    start a fresh session keyring; raise OSError if one that exists cannot be emptied.
 
     Keyrings belong to the uid, not to a process or a mount: without this, a submission could
-    leave a key that the next submission graded under the same uid reads."""
+    leave a key that the next submission graded under the same uid reads. The persistent
+    keyring outlives every process of the uid (it is what KEYCTL_GET_PERSISTENT hands out)."""
     import ctypes
+    import errno
     import platform
 
     number = SYS_KEYCTL.get(platform.machine())
     if number is None:
         return
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall(number, KEYCTL_JOIN_SESSION_KEYRING, None)
-    for ring in (KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING):
-        libc.syscall(number, KEYCTL_CLEAR, ring)
+    libc.syscall.restype = ctypes.c_long
+
+    def keyctl(*args) -> int:
+        return libc.syscall(number, *(ctypes.c_long(a) for a in args))
+
+    if keyctl(KEYCTL_JOIN_SESSION_KEYRING, 0) < 0:
+        if ctypes.get_errno() in (errno.ENOSYS, errno.EPERM, errno.EACCES):
+            return  # no keyctl here (a kernel without keys, or a seccomp filter): no key either
+        raise OSError(ctypes.get_errno(), "could not start a fresh session keyring")
+    rings = [KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING]
+    persistent = keyctl(KEYCTL_GET_PERSISTENT, -1, KEY_SPEC_SESSION_KEYRING)
+    if persistent >= 0:
+        rings.append(persistent)
+    elif ctypes.get_errno() not in (errno.EOPNOTSUPP, errno.ENOSYS):  # built without them
+        raise OSError(ctypes.get_errno(), "could not reach the uid's persistent keyring")
+    for ring in rings:
+        if keyctl(KEYCTL_CLEAR, ring) < 0:
+            raise OSError(ctypes.get_errno(), f"could not empty keyring {ring}")
 
 
 def main() -> None:

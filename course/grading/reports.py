@@ -66,8 +66,12 @@ def write_gradebook(results: dict[str, Result], qs: list[Question], out: Path) -
 def write_atomic(path: Path, text: str) -> Path:
     """``text`` at ``path``, replaced whole (a reader never sees half a file)."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:  # a full disk: the old file stays whole, and the half-written copy goes
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 
@@ -169,8 +173,7 @@ def write_feedback(r: Result, qs: list[Question], out: Path) -> Path:
         )
     path = out / "feedback" / f"{r.student}.html"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(parts), encoding="utf-8")
-    return path
+    return write_atomic(path, "".join(parts))
 
 
 def summary(results: dict[str, Result]) -> str:

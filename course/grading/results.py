@@ -21,6 +21,7 @@ class Limits:
     memory: int = 4 * 2**30  # bytes, the whole submission (kernel, ranks, children)
     processes: int = 128
     file_size: int = 100 * 2**20
+    work_size: int = 2**30  # bytes the submission may write in all (its work folder, /tmp)
 
 
 @dataclass

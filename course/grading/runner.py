@@ -39,6 +39,8 @@ from course.grading.results import Limits, Question, Result, blank_scores
 from course.grading.submission import load_submission, student_name
 from course.grading.verdict import Checker
 
+CHECK_GRACE_S = 30.0  # s: the checks of a run that used its whole budget (a few s normally)
+
 
 def launch_cap(cell_timeout: float) -> float:
     """The longest a launch may run inside a graded cell: time left for its diagnosis."""
@@ -93,7 +95,10 @@ def grade_one(
         status, reason = "error", reason or "the run ended without a result (see runner.log)"
     if lines.dropped:
         reason = "; ".join(filter(None, [reason, f"{lines.dropped} result(s) over the size cap"]))
-    outputs = _score(qs, tests, probes, private, limits, result, hidden_seed)
+    # the checks run on what the submission's code made, so they count against its budget;
+    # a run that used all of it still gets CHECK_GRACE_S for what finished before the limit
+    checks_until = max(start + limits.budget, time.monotonic() + CHECK_GRACE_S)
+    outputs = _score(qs, tests, probes, private, limits, result, hidden_seed, cpus, checks_until)
     result.scores = {**blank_scores(qs), **result.scores}
     result.status, result.reason, result.seconds = status, reason, time.monotonic() - start
     if iso.mode == UNSAFE:  # said wherever a grade is read: the gradebook and the feedback
@@ -139,6 +144,7 @@ def _job(
         "limits": {"uid": uid, "rlimits": rlimits, "env": env, "cpus": cpus},
         "netns": iso.namespaces,
         "bwrap": iso.strong,
+        "work_size": limits.work_size,
         "isolation": iso.describe(),
     }
 
@@ -227,14 +233,30 @@ def _past_a_limit(runner, group: Group, limits: Limits, stop, deadline: float):
 
 
 def _score(
-    qs: list[Question], tests: dict, probes: dict, private: Path, limits: Limits, result, seed=0
+    qs: list[Question],
+    tests: dict,
+    probes: dict,
+    private: Path,
+    limits: Limits,
+    result,
+    seed=0,
+    cpus=None,
+    deadline=None,
 ):
     """The verdicts, now that nothing of the submission runs any more: each check on its data,
     in a checker of the grader's. Scores and errors go into ``result``; returns each test's
     check outputs, for the executed notebook."""
     outputs = {}
     with open(private / "checker.log", "wb") as log:
-        checker = Checker(str(private), limits.cell_timeout, log, {seeds.ENV: str(seed)})
+        checker = Checker(
+            str(private),
+            limits.cell_timeout,
+            log,
+            {seeds.ENV: str(seed)},
+            # the submission's own memory and file limits and its slot's cores
+            {"memory": limits.memory, "file_size": limits.file_size, "cpus": cpus},
+            deadline,
+        )
         try:
             for q in qs:
                 probe = probes.get(q.grade_id)

@@ -45,6 +45,24 @@ FIGURE_LIMIT = 1_000_000  # bytes of figures (base64 PNG) kept per cell
 SUBMISSION_OUTPUT_LIMIT = 8_000_000  # bytes of output kept for the whole notebook, figures too
 
 
+def sized_work_folder(workdir: str, size: int, uid: int | None) -> str:
+    """Mount a tmpfs of ``size`` bytes on the work folder, in this runner's own mount namespace
+    (`unshare --mount`: the host never sees it, and it is gone with the runner). The per-file
+    limit (RLIMIT_FSIZE) does not stop a kernel that writes file after file until the host's
+    disk is full, and then the grader's own writes fail for everyone; here the kernel's writes
+    end with "No space left on device" in its own folder. The pages count in the submission's
+    memory cgroup. Returns the isolation line for the feedback."""
+    opts = f"size={size},mode=0700" + (f",uid={uid},gid={uid}" if uid is not None else "")
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", opts, "course-work", workdir],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        return f"work folder: on the host's disk (no tmpfs: {done.stderr.strip()[:200]})"
+    return f"work folder: a private tmpfs of {size / 2**20:.0f} MiB"
+
+
 def loopback_up() -> bool:
     """SIOCSIFFLAGS lo up, as `ip link set lo up` does (a new network namespace starts with it down)."""
     try:
@@ -103,7 +121,7 @@ def _ancestors(paths: list[str]) -> set[str]:
     return out - set(paths)
 
 
-def bwrap_argv(workdir: str) -> list[str]:
+def bwrap_argv(workdir: str, size: int | None = None) -> list[str]:
     """bubblewrap's command line for one job: a file view built from an allowlist.
 
     Read-only: /usr (and the /bin, /lib... that point into it), the interpreter, the venv, the
@@ -125,8 +143,8 @@ def bwrap_argv(workdir: str) -> list[str]:
     argv += ["--perms", "0755", "--dir", "/etc", "--perms", "0755", "--dir", "/var"]
     argv += ["--proc", "/proc", "--dev", "/dev"]
     private = ("/dev/shm", "/tmp", "/var/tmp")
-    for folder in private:  # writable by anyone, as on the host
-        argv += ["--perms", "1777", "--tmpfs", folder]
+    for folder in private:  # writable by anyone, as on the host; as big as the work folder
+        argv += ["--perms", "1777", *(["--size", str(size)] if size else []), "--tmpfs", folder]
     # Folders bwrap creates on the way to a bind are 0700 (root's): make them enterable, or the
     # job's uid cannot reach an interpreter under /root, a venv under /work, or a work folder
     # that TMPDIR put below /tmp.
@@ -234,7 +252,7 @@ def kernelspec_dir(job: dict) -> str:
     root = tempfile.mkdtemp(prefix="graded-kernels-")
     spec = Path(root, "kernels", "graded")
     spec.mkdir(parents=True)
-    argv = bwrap_argv(job["workdir"]) if job.get("bwrap") else []
+    argv = bwrap_argv(job["workdir"], job.get("work_size")) if job.get("bwrap") else []
     argv += [
         sys.executable,
         "-m",
@@ -481,6 +499,10 @@ def main() -> None:
             "network: private namespace, loopback only"
             if loopback_up()
             else "network: private namespace, loopback DOWN"
+        )
+    if job.get("netns") and job.get("work_size") and os.geteuid() == 0:
+        applied.append(
+            sized_work_folder(job["workdir"], job["work_size"], job["limits"].get("uid"))
         )
     not_dumpable()
     emit({"isolation": applied})

@@ -25,7 +25,7 @@ from course.grading.reports import write_gradebook
 from course.grading.results import Limits, Result, questions
 from course.grading.submission import MAX_SUBMISSION
 
-VERSION = "5"  # part of the resume key: bump when scoring, isolation or what a result holds changes
+VERSION = "6"  # part of the resume key: bump when scoring, isolation or what a result holds changes
 MANIFEST = "shard.json"
 
 
@@ -80,7 +80,13 @@ def save_result(r: Result, path: Path) -> None:
     """``r`` as JSON at ``path`` (results/STUDENT.json); its executed notebook stays where it
     is (the job's folder under .work), named, for `course mark` to write the feedback again."""
     saved = dict(r.__dict__)
-    path.write_text(json.dumps(saved))
+    tmp = path.with_name(f".{path.name}.tmp")  # whole or not at all: a resume reads it back
+    try:
+        tmp.write_text(json.dumps(saved))
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def check_shard(shard) -> tuple[int, int]:

@@ -19,6 +19,11 @@ from pathlib import Path
 import nbformat
 
 MAX_SUBMISSION = 64 * 2**20  # bytes of a submitted notebook, outputs included
+# A lab has about 60 cells and 100 kB of source. A notebook of a million empty cells is small
+# on disk and took the grader to 7 GB (nbformat, assembly, the feedback page): refused on its
+# count, before any of that, as a source bigger than any answer needs.
+MAX_CELLS = 2_000
+MAX_SOURCE = 4 * 2**20  # characters of source, all cells together
 
 
 def _notebooks_in(folder: Path) -> tuple[list[Path], str | None]:
@@ -74,6 +79,28 @@ def _read_regular(path: Path) -> tuple[bytes | None, str | None]:
         return raw, None
 
 
+def _over_caps(data: dict) -> str | None:
+    """Why a parsed notebook is too big to grade (MAX_CELLS, MAX_SOURCE), or None."""
+    cells = data.get("cells")
+    if not isinstance(cells, list):
+        return None  # nbformat says what is wrong with it
+    if len(cells) > MAX_CELLS:
+        return (
+            f"{len(cells):,} cells, over the limit of {MAX_CELLS:,}: delete the scratch cells "
+            "and submit again"
+        )
+    size = 0
+    for cell in cells:
+        source = cell.get("source", "") if isinstance(cell, dict) else ""
+        size += sum(map(len, source)) if isinstance(source, list) else len(str(source))
+    if size > MAX_SOURCE:
+        return (
+            f"{size:,} characters of source, over the limit of {MAX_SOURCE:,}: "
+            "paste data into a file, not into cells"
+        )
+    return None
+
+
 def student_name(path: Path) -> str:
     """The name a submission is graded under: a file's without .ipynb, a folder's whole."""
     return path.stem if path.is_file() else path.name
@@ -103,6 +130,9 @@ def load_submission(path: Path):
         return None, f"not valid JSON ({str(exc)[:80]})"
     if not isinstance(data, dict) or "cells" not in data and "worksheets" not in data:
         return None, "JSON, but not a notebook (no cells)"
+    too_big = _over_caps(data)
+    if too_big:
+        return None, too_big
     try:
         nb = nbformat.reads(raw.decode("utf-8"), as_version=4)
     except Exception as exc:

@@ -26,8 +26,10 @@ import linecache
 import math
 import os
 import select
+import signal
 import subprocess
 import sys
+import time
 import traceback
 
 from course.grading import plain
@@ -43,11 +45,23 @@ def _error(ename: str, evalue: str, tb: list[str]) -> dict:
     return {"output_type": "error", "ename": ename, "evalue": evalue, "traceback": tb}
 
 
+def out_of_memory(exc: BaseException) -> bool:
+    """The checker's memory limit (RLIMIT_DATA) reached: Python's MemoryError, or torch's
+    allocator refusing ("can't allocate memory")."""
+    return isinstance(exc, MemoryError) or (
+        isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
+    )
+
+
 def _failed(exc, hidden: bool, filename: str, outputs: list, out, err) -> dict:
     """The verdict of a check piece that raised: a hidden piece says only that it failed (its
     code, message and output stay with the grader); a released one shows its traceback, cut to
-    the check's own frames, and what it printed."""
-    if hidden:
+    the check's own frames, and what it printed. A check that ran out of the checker's memory
+    on the probe's data says so (data built to blow a check up scores 0, with this reason)."""
+    if out_of_memory(exc):
+        why = "the check ran out of the checker's memory limit on the data your code gave it"
+        failure, outputs = _error("CheckLimit", why, []), []
+    elif hidden:
         failure = _error(type(exc).__name__, "a hidden test failed", [])
     else:
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == filename]
@@ -141,9 +155,27 @@ def credit(value) -> tuple[float | None, str | None]:
     return None, None
 
 
+def limit(limits: dict) -> None:
+    """This process's limits, set before it reads any request: its memory (the data segment,
+    what allocations grow: a list or a tensor built from crafted data), file size, CPU seconds
+    (SIGXCPU at the soft limit ends it) and cores."""
+    import resource
+
+    if limits.get("memory"):
+        resource.setrlimit(resource.RLIMIT_DATA, (limits["memory"],) * 2)
+    if limits.get("file_size"):
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_size"],) * 2)
+    if limits.get("cpu_seconds"):
+        resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_seconds"], limits["cpu_seconds"] + 1))
+    if limits.get("cpus"):
+        os.sched_setaffinity(0, limits["cpus"])
+
+
 def main() -> None:
-    """Answer check requests from stdin until it closes (``python -m course.grading.verdict``)."""
+    """Answer check requests from stdin until it closes (``python -m course.grading.verdict
+    [LIMITS_JSON]``)."""
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: not even the same uid may ptrace
+    limit(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {})
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     sys.stdout = sys.stderr  # only answers go to the grader
     for line in sys.stdin:
@@ -153,7 +185,12 @@ def main() -> None:
                 request["pieces"], request["data"], request.get("label", "check"), request["names"]
             )
         except Exception as exc:  # a broken check is the author's bug: a failed test, said so
-            answer = {"passed": False, "value": None, "error": f"check error: {exc!r}"[:500]}
+            error = f"check error: {exc!r}"[:500]
+            if out_of_memory(exc):  # decoding the probe's data took it past the limit
+                error = (
+                    "the check ran out of the checker's memory limit on the data your code gave it"
+                )
+            answer = {"passed": False, "value": None, "error": error}
             answer["outputs"] = [_error(type(exc).__name__, answer["error"], [])]
         answers.write(json.dumps(answer) + "\n")
 
@@ -162,14 +199,38 @@ class Checker:
     """The grader's side: a fresh ``python -m course.grading.verdict`` per submission, started
     lazily."""
 
-    def __init__(self, cwd: str, timeout: float, log=None, env: dict | None = None):
+    def __init__(
+        self,
+        cwd: str,
+        timeout: float,
+        log=None,
+        env: dict | None = None,
+        limits: dict | None = None,
+        deadline: float | None = None,
+    ):
         self.cwd, self.timeout, self.log, self.proc, self.buf = cwd, timeout, log, None, b""
         self.env = {**os.environ, **(env or {})}  # the hidden seed, for checks that draw cases
+        # {"memory": bytes, "cpus": [cores], "file_size": bytes}: the checker runs the probe's
+        # data, which the submission chose, so it runs under limits as the kernel did
+        self.limits = limits or {}
+        # time.monotonic() after which no check runs: the submission's budget (or the grace
+        # the runner gives the checks of a run that used all of it); every checker started for
+        # this submission gets only the CPU seconds left before it
+        self.deadline = deadline
+
+    def _left(self) -> float:
+        return math.inf if self.deadline is None else self.deadline - time.monotonic()
+
+    def _limits(self) -> dict:
+        cpu = None if self.deadline is None else max(1, math.ceil(self._left()))
+        return {**self.limits, "cpu_seconds": cpu}
 
     def _start(self) -> None:
         self.proc = subprocess.Popen(
             # -P: not the job folder on sys.path
-            [sys.executable, "-P", "-m", "course.grading.verdict"],
+            # the limits as its argument: the checker applies them to itself before it reads
+            # any data (a preexec_fn would fork-and-run Python in a threaded grader)
+            [sys.executable, "-P", "-m", "course.grading.verdict", json.dumps(self._limits())],
             cwd=self.cwd,
             env=self.env,
             stdin=subprocess.PIPE,
@@ -180,8 +241,8 @@ class Checker:
 
     def check(self, pieces: list, data, label: str, names: list | None = None) -> dict:
         """The verdict of one test; a check that hangs or crashes fails, and the next starts anew."""
-        import time
-
+        if self._left() <= 0:
+            return self._failed("the checks ran past the submission's time budget")
         if self.proc is None:
             self._start()
         request = {"pieces": pieces, "data": data, "label": label, "names": names}
@@ -191,14 +252,22 @@ class Checker:
             self.proc.stdin.flush()
         except OSError:
             return self._failed("the checker stopped")
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + min(self.timeout, self._left())
         while b"\n" not in self.buf:
             left = deadline - time.monotonic()
             ready = select.select([self.proc.stdout], [], [], max(0.0, left))[0] if left > 0 else []
             if not ready:
+                if self._left() <= 0:
+                    return self._failed("the checks ran past the submission's time budget")
                 return self._failed(f"the check took over {self.timeout:g} s")
             chunk = os.read(self.proc.stdout.fileno(), 1 << 20)
             if not chunk:
+                try:
+                    code = self.proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    code = None
+                if code == -signal.SIGXCPU:
+                    return self._failed("the checks used up the CPU time left in the budget")
                 return self._failed("the checker stopped")
             self.buf += chunk
         line, self.buf = self.buf.split(b"\n", 1)

@@ -278,6 +278,30 @@ def test_load_submission_reasons(tmp_path):
     assert load_submission(tmp_path / "folder") == (None, "no .ipynb file in the submission folder")
 
 
+def test_a_notebook_of_too_many_cells_or_too_much_source_is_refused_before_it_is_read(tmp_path):
+    # A million empty markdown cells are 57 MiB on disk and took the grader to 7.2 GB; refused
+    # from the parsed JSON's count, before nbformat, the assembly or the feedback see it.
+    import tracemalloc
+
+    from course.grading import submission
+
+    cell = {"cell_type": "markdown", "metadata": {}, "source": ""}
+    many = {"cells": [cell] * 400_000, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (tmp_path / "many.ipynb").write_text(json.dumps(many))
+    tracemalloc.start()
+    nb, reason = load_submission(tmp_path / "many.ipynb")
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert nb is None and reason.startswith("400,000 cells, over the limit of 2,000"), reason
+    assert peak < 1.5 * 2**30, peak  # the JSON alone, not nbformat's copies of it
+    big = {**many, "cells": [{**cell, "source": "x" * 2**20}] * 5}
+    (tmp_path / "big.ipynb").write_text(json.dumps(big))
+    assert "characters of source, over the limit" in load_submission(tmp_path / "big.ipynb")[1]
+    fine = {**many, "cells": [cell] * submission.MAX_CELLS}  # at the limit: read
+    (tmp_path / "fine.ipynb").write_text(json.dumps(fine))
+    assert load_submission(tmp_path / "fine.ipynb")[1] is None
+
+
 def grade_cli(src, subs, out, jobs):
     return [
         sys.executable,
@@ -291,6 +315,45 @@ def grade_cli(src, subs, out, jobs):
         "-j",
         str(jobs),
     ]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (in its own namespace)")
+def test_a_short_disk_costs_what_it_could_not_write_not_the_batch(assignment, tmp_path):
+    # The output folder on a tmpfs of 48 KiB, in a mount namespace of this test's own: the
+    # first submissions' files fit, then "No space left on device". Every submission is still
+    # graded, the gradebook is never left half-written, the command says what to do and exits
+    # 1; the same command with space again grades only what was not written.
+    import shlex
+
+    _, src, student = assignment
+    subs = write(tmp_path / "subs", {f"s{i}": answer(student) for i in range(4)})
+    out = tmp_path / "out"
+    out.mkdir()
+    cli = shlex.join(grade_cli(src, subs, out, 1))
+    script = f"""
+    mount -t tmpfs -o size=48k course-out {out} || exit 99
+    {cli} > {tmp_path}/first.out 2> {tmp_path}/first.err; echo "FIRST $?"
+    python3 -c "import csv,sys; rows=list(csv.reader(open(sys.argv[1]))); print('ROWS', len(rows) - 1, len({{len(r) for r in rows}}))" {out}/gradebook.csv
+    ls -a {out} {out}/feedback | grep -c '[.]tmp$' | sed 's/^/TMP /'
+    mount -o remount,size=10m {out}
+    {cli} > {tmp_path}/second.out 2>&1; echo "SECOND $?"
+    python3 -c "import csv,sys; rows=list(csv.reader(open(sys.argv[1]))); print('ROWS', len(rows) - 1, sorted(r[-2] for r in rows[1:]))" {out}/gradebook.csv
+    """
+    done = subprocess.run(
+        ["unshare", "--mount", "--", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    printed = done.stdout
+    err = (tmp_path / "first.err").read_text()
+    assert "FIRST 1" in printed, (printed, done.stderr, err)
+    assert "No space left on device" in err and "run the same command again" in err, err
+    rows = printed.split("ROWS ")[1].split()  # the gradebook after the first run: whole CSV
+    assert 1 <= int(rows[0]) <= 4 and rows[1] == "1", printed
+    assert "TMP 0" in printed  # no half-written copy left behind
+    assert "SECOND 0" in printed, (printed, (tmp_path / "second.out").read_text())
+    assert "ROWS 4 ['graded', 'graded', 'graded', 'graded']" in printed, printed
 
 
 def test_cli_grades_and_interrupt_keeps_finished_grades(assignment, tmp_path):

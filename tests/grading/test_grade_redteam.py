@@ -824,12 +824,17 @@ def test_a_nan_answer_earns_no_partial_credit(tmp_path):
 KEYS = """
 import ctypes, os
 libc = ctypes.CDLL(None, use_errno=True)
-USER_KEYRING = ctypes.c_int(-4)
+libc.syscall.restype = ctypes.c_long
+USER_KEYRING = ctypes.c_long(-4)
+def persistent():  # keyctl(KEYCTL_GET_PERSISTENT, own uid, linked into the session keyring)
+    return ctypes.c_long(libc.syscall(250, 22, ctypes.c_long(-1), ctypes.c_long(-3)))
 def plant(payload):
-    return libc.syscall(248, b"user", b"planted", payload, len(payload), USER_KEYRING)  # add_key
+    return [libc.syscall(248, b"user", b"planted", payload, len(payload), ring) > 0  # add_key
+            for ring in (USER_KEYRING, persistent())]
 def look():
-    key = libc.syscall(250, 10, USER_KEYRING, b"user", b"planted", 0)  # keyctl(KEYCTL_SEARCH)
-    return "a key" if key >= 0 else None
+    found = [libc.syscall(250, 10, ring, b"user", b"planted", 0) >= 0  # keyctl(KEYCTL_SEARCH)
+             for ring in (USER_KEYRING, persistent())]
+    return "a key" if any(found) else None
 """
 
 
@@ -837,7 +842,7 @@ def test_a_key_left_in_the_uids_keyring_is_gone_for_the_next_submission(tmp_path
     src, student = release(tmp_path)
     first, second = answer(student), answer(student)
     first.cells.append(
-        new_code_cell(KEYS + "print('PLANTED', plant(b'square(x) = x * x') > 0, look())")
+        new_code_cell(KEYS + "print('PLANTED', plant(b'square(x) = x * x'), look())")
     )
     second.cells.append(new_code_cell(KEYS + "print('FOUND', look())"))
     # one slot: the two run one after the other as the same uid
@@ -854,8 +859,56 @@ def test_a_key_left_in_the_uids_keyring_is_gone_for_the_next_submission(tmp_path
         nb = nbformat.read(results[name].executed, as_version=4)
         return "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
 
-    assert "PLANTED True a key" in printed("k1_plant")  # the plant itself worked
+    # the plant itself worked, in the uid's keyring and in its persistent one
+    assert "PLANTED [True, True] a key" in printed("k1_plant")
     assert "FOUND None" in printed("k2_read")
+
+
+FILL = """
+import errno, os
+written = {}
+for folder in (".", "/tmp", "/dev/shm"):  # its work folder, then the private temporary ones
+    written[folder] = 0
+    try:
+        for i in range(40):  # 40 files of 50 MiB, each under the 100 MiB per-file limit
+            with open(os.path.join(folder, f"fill{i}"), "wb") as f:
+                for _ in range(5):
+                    f.write(b"x" * 10 * 2**20)
+                    written[folder] += 10
+    except OSError as exc:
+        written[folder] = (errno.errorcode[exc.errno], written[folder])
+    for name in os.listdir(folder):
+        if name.startswith("fill"):
+            os.remove(os.path.join(folder, name))
+print("WRITTEN", written)
+"""
+
+
+def test_a_kernel_that_fills_the_disk_fills_only_its_own_sized_folder(tmp_path):
+    # The per-file limit does not stop file after file: on the host's disk this filled it, the
+    # gradebook write failed with "No space left" and the batch stopped. The work folder and
+    # the private temporary folders are tmpfs of work_size each (in the runner's own mount
+    # namespace): the kernel's writes end there, and the next submission is graded.
+    src, student = release(tmp_path)
+    filler = answer(student)
+    filler.cells.append(new_code_cell(FILL))
+    limits = Limits(cell_timeout=60, budget=120, work_size=128 * 2**20)
+    results = grade(
+        src,
+        write(tmp_path / "subs", {"a_filler": filler, "b_after": answer(student)}),
+        tmp_path / "out",
+        jobs=1,
+        progress=False,
+        limits=limits,
+    )
+    nb = nbformat.read(results["a_filler"].executed, as_version=4)
+    printed = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+    written = eval(printed.split("WRITTEN ")[1].splitlines()[0])  # noqa: S307 - our own print
+    for folder in (".", "/tmp", "/dev/shm"):
+        code, mib = written[folder]
+        assert code == "ENOSPC" and mib <= 128, (folder, written)
+    assert "work folder: a private tmpfs of 128 MiB" in results["a_filler"].isolation
+    assert results["a_filler"].total == results["b_after"].total == 6.0
 
 
 def test_a_name_or_reason_that_is_a_formula_stays_text_in_the_gradebook(tmp_path):

@@ -154,3 +154,47 @@ def test_the_checker_process_answers_and_a_hanging_check_fails(tmp_path):
         assert checker.check([("assert got == 3", False)], sent(got=2), "t")["error"]
     finally:
         checker.close()
+
+
+def test_data_built_to_blow_up_a_check_meets_the_checkers_memory_limit(tmp_path):
+    # The probe's values are the submission's to choose: two tensors that broadcast to N², or a
+    # count that a check multiplies out. The checker has the submission's memory limit (here
+    # 1 GiB): the check fails with the reason, the checker survives, the next check runs.
+    checker = Checker(str(tmp_path), timeout=60, limits={"memory": 2**30})
+    try:
+        broadcast = checker.check(
+            [("assert float((a - b).abs().max()) < 1e-6", False)],
+            sent(a=torch.zeros(30_000, 1), b=torch.zeros(1, 30_000)),  # 3.6 GB of differences
+            "t",
+        )
+        listed = checker.check([("assert len([0] * n) == n", True)], sent(n=10**9), "t")
+        for verdict in (broadcast, listed):
+            assert not verdict["passed"]
+            assert "ran out of the checker's memory limit" in verdict["error"], verdict["error"]
+        pid = checker.proc.pid
+        assert checker.check([("assert n == 3", False)], sent(n=3), "t")["passed"]
+        assert checker.proc.pid == pid  # the same checker: a MemoryError did not end it
+    finally:
+        checker.close()
+    # the same data without the limit is what the limit stops (the broadcast alone is 3.6 GB)
+    assert 30_000**2 * 4 > 3 * 2**30
+
+
+def test_the_checks_share_what_is_left_of_the_submissions_budget(tmp_path):
+    # A check that spins (data that makes it loop long) may use the CPU time left before the
+    # deadline, not its own cell timeout again and again: once the deadline is past, every
+    # remaining check fails at once with the reason.
+    import time
+
+    start = time.monotonic()
+    checker = Checker(str(tmp_path), timeout=60, deadline=start + 3)
+    try:
+        spun = checker.check([("while True: pass", False)], sent(n=1), "t")
+        after = checker.check([("assert n == 1", False)], sent(n=1), "t")
+    finally:
+        checker.close()
+    assert time.monotonic() - start < 20  # not the 60 s cell timeout
+    assert not spun["passed"] and (
+        "CPU time left in the budget" in spun["error"] or "time budget" in spun["error"]
+    ), spun["error"]
+    assert not after["passed"] and "ran past the submission's time budget" in after["error"]
