@@ -22,16 +22,16 @@ sys.path.insert(0, str(REPO / "tests"))
 # in after them, rather than one worker grading a lab alone at the end while the other idles.
 LONGEST_FIRST = (
     "test_course_run.py",
-    "test_lab01.py",
-    "test_lab02.py",
-    "test_lab03.py",
     "test_grade.py",
-    "test_lab04.py",
     "test_nbgrader_interop.py",
+    "test_lab01.py",
+    "test_lab03.py",
     "test_grade_redteam.py",
-    "test_lab05.py",
+    "test_lab02.py",
+    "test_lab04.py",
     "test_browser.py",
     "test_lab06.py",
+    "test_lab05.py",
 )
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import nbformat
 
 from course.grade import grade
-from course.grading import cells
+from course.grading import cells, seeds
 from course.grading.results import Limits
 from course.syllabus import load_syllabus
 
@@ -141,6 +141,7 @@ def assert_wrong_answers_lose_their_points(graded: dict, wrong: dict, auto: dict
             assert result.scores[test] == want, (name, test, result.scores, result.errors)
 
 
+MORE_SEEDS = (1, 2, 3, 4)  # besides the verdict kernel's own, 7
 SPAN_LAUNCH_CAP = 30.0  # s: the longest launch of a test cell, about 6 s on 2 quiet cores, x5
 
 
@@ -157,7 +158,9 @@ def wrong_answer_verdicts(
     again, probe and check and the hidden parts, as the grader runs them for a submission; then
     the solution and the same cells, which must pass again: a variant cannot leave behind state
     that failed the next one for it. Cells between an answer and its test (the helpers a test
-    calls) run each time, so they see the wrong answer as they would in a submission."""
+    calls) run each time, so they see the wrong answer as they would in a submission. Last,
+    the tests that draw their cases from the run's seed run again on the solution at each of
+    MORE_SEEDS: {(question, "seed N"): error or None}."""
     from nbclient import NotebookClient
 
     folder = tmp / "verdicts"
@@ -171,7 +174,7 @@ def wrong_answer_verdicts(
     # stop on the error, and ipykernel then drops the next request too (the solution's cell
     # that should have put the right answer back).
     client = NotebookClient(nb, kernel_name="multigpu-course", timeout=300, allow_errors=True)
-    env = {**os.environ, "COURSE_HIDDEN_SEED": "7"}
+    env = {**os.environ, seeds.ENV: "7"}
 
     # nbclient puts each cell it runs at its index in the notebook: a variant would replace the
     # solution there, so every run builds its cell anew from these sources.
@@ -213,6 +216,16 @@ def wrong_answer_verdicts(
                 )
                 seconds[gid, v] = time.monotonic() - start
             verdicts[gid, -1] = next(filter(None, (run(i) for i in range(answer, check + 1))), None)
+        # A test that draws its cases from the run's seed: the solution passes at four more
+        # seeds (five with the one above), as in five grading runs. Only those tests rerun.
+        for seed in MORE_SEEDS:
+            set_seed = f"import os; os.environ['{seeds.ENV}'] = '{seed}'"
+            client.execute_cell(nbformat.v4.new_code_cell(set_seed), 0)
+            for gid, (test, _) in wrong.items():
+                if seeds.ENV in code[at[test]]:
+                    verdicts[gid, f"seed {seed}"] = next(
+                        filter(None, (run(i) for i in range(at[gid], at[test] + 1))), None
+                    )
     slow = sorted(seconds.items(), key=lambda kv: -kv[1])[:5]
     print("slowest variants:", ", ".join(f"{g} {v}: {t:.1f} s" for (g, v), t in slow))
     return verdicts
@@ -221,6 +234,11 @@ def wrong_answer_verdicts(
 def assert_each_wrong_answer_fails_its_test(verdicts: dict, wrong: dict) -> None:
     for gid, (test, variants) in wrong.items():
         assert verdicts[gid, -1] is None, f"the solution of {gid} fails {test}: {verdicts[gid, -1]}"
+        for seed in MORE_SEEDS:
+            error = verdicts.get((gid, f"seed {seed}"))
+            assert error is None, (
+                f"the solution of {gid} fails {test} at hidden seed {seed}: {error}"
+            )
         passed = [v for v in range(len(variants)) if verdicts[gid, v] is None]
         assert not passed, f"{test} passes wrong answers of {gid}: " + "\n---\n".join(
             textwrap.dedent(variants[v]) for v in passed

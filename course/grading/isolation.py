@@ -344,3 +344,21 @@ def plan_slots(jobs: int, world: int) -> tuple[int, int]:
     cores = len(os.sched_getaffinity(0))
     per_slot = max(1, min(world, cores))
     return max(1, min(jobs, cores // per_slot)), per_slot
+
+
+def sized_work_folder(workdir: str, size: int, uid: int | None) -> str:
+    """Mount a tmpfs of ``size`` bytes on the work folder, in this runner's own mount namespace
+    (`unshare --mount`: the host never sees it, and it is gone with the runner). The per-file
+    limit (RLIMIT_FSIZE) does not stop a kernel that writes file after file until the host's
+    disk is full, and then the grader's own writes fail for everyone; here the kernel's writes
+    end with "No space left on device" in its own folder. The pages count in the submission's
+    memory cgroup. Returns the isolation line for the feedback."""
+    opts = f"size={size},mode=0700" + (f",uid={uid},gid={uid}" if uid is not None else "")
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", opts, "course-work", workdir],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        return f"work folder: on the host's disk (no tmpfs: {done.stderr.strip()[:200]})"
+    return f"work folder: a private tmpfs of {size / 2**20:.0f} MiB"

@@ -36,6 +36,7 @@ from course.grading.assemble import assemble, split_tests
 from course.grading.isolation import UNSAFE, UNSAFE_NOTE, Group, Isolation, alive, usage
 from course.grading.manual import answers_of
 from course.grading.results import Limits, Question, Result, blank_scores
+from course.grading.sandbox import bwrap_argv
 from course.grading.submission import load_submission, student_name
 from course.grading.verdict import Checker
 
@@ -98,7 +99,9 @@ def grade_one(
     # the checks run on what the submission's code made, so they count against its budget;
     # a run that used all of it still gets CHECK_GRACE_S for what finished before the limit
     checks_until = max(start + limits.budget, time.monotonic() + CHECK_GRACE_S)
-    outputs = _score(qs, tests, probes, private, limits, result, hidden_seed, cpus, checks_until)
+    outputs = _score(
+        qs, tests, probes, private, limits, result, hidden_seed, cpus, checks_until, iso, uid
+    )
     result.scores = {**blank_scores(qs), **result.scores}
     result.status, result.reason, result.seconds = status, reason, time.monotonic() - start
     if iso.mode == UNSAFE:  # said wherever a grade is read: the gradebook and the feedback
@@ -242,11 +245,19 @@ def _score(
     seed=0,
     cpus=None,
     deadline=None,
+    iso: Isolation | None = None,
+    uid: int | None = None,
 ):
     """The verdicts, now that nothing of the submission runs any more: each check on its data,
     in a checker of the grader's. Scores and errors go into ``result``; returns each test's
     check outputs, for the executed notebook."""
     outputs = {}
+    sandbox, checkdir = None, None
+    if iso is not None and iso.strong and uid is not None:
+        checkdir = Path(tempfile.mkdtemp(prefix="check-"))
+        os.chown(checkdir, uid, uid)
+        sandbox = (bwrap_argv(str(checkdir), limits.work_size), uid)
+        result.isolation.append(f"checks: as uid {uid} in bubblewrap, no network")
     with open(private / "checker.log", "wb") as log:
         checker = Checker(
             str(private),
@@ -256,6 +267,7 @@ def _score(
             # the submission's own memory and file limits and its slot's cores
             {"memory": limits.memory, "file_size": limits.file_size, "cpus": cpus},
             deadline,
+            sandbox,
         )
         try:
             for q in qs:
@@ -275,6 +287,8 @@ def _score(
                 outputs[q.grade_id] = verdict["outputs"]
         finally:
             checker.close()
+            if checkdir is not None:
+                shutil.rmtree(checkdir, ignore_errors=True)
     return outputs
 
 

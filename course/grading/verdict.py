@@ -45,6 +45,12 @@ def _error(ename: str, evalue: str, tb: list[str]) -> dict:
     return {"output_type": "error", "ename": ename, "evalue": evalue, "traceback": tb}
 
 
+def seeds_env() -> str:
+    from course.grading.seeds import ENV
+
+    return ENV
+
+
 def out_of_memory(exc: BaseException) -> bool:
     """The checker's memory limit (RLIMIT_DATA) reached: Python's MemoryError, or torch's
     allocator refusing ("can't allocate memory")."""
@@ -207,6 +213,7 @@ class Checker:
         env: dict | None = None,
         limits: dict | None = None,
         deadline: float | None = None,
+        sandbox: tuple[list[str], int] | None = None,
     ):
         self.cwd, self.timeout, self.log, self.proc, self.buf = cwd, timeout, log, None, b""
         self.env = {**os.environ, **(env or {})}  # the hidden seed, for checks that draw cases
@@ -217,6 +224,9 @@ class Checker:
         # the runner gives the checks of a run that used all of it); every checker started for
         # this submission gets only the CPU seconds left before it
         self.deadline = deadline
+        # (bubblewrap's argv, uid): the checker in the file view the kernel had, as the slot's
+        # uid (every process of the submission's is gone by then), without a network
+        self.sandbox = sandbox
 
     def _left(self) -> float:
         return math.inf if self.deadline is None else self.deadline - time.monotonic()
@@ -225,12 +235,26 @@ class Checker:
         cpu = None if self.deadline is None else max(1, math.ceil(self._left()))
         return {**self.limits, "cpu_seconds": cpu}
 
+    def _argv(self) -> list[str]:
+        # -P: not the job folder on sys.path. The limits as its argument: the checker applies
+        # them to itself before it reads any data (a preexec_fn would fork-and-run Python in a
+        # threaded grader)
+        limits = json.dumps(self._limits())
+        if self.sandbox is None:
+            return [sys.executable, "-P", "-m", "course.grading.verdict", limits]
+        prefix, uid = self.sandbox
+        keep = {k: self.env[k] for k in ("PATH", "LANG", seeds_env()) if k in self.env}
+        env = [x for k, v in keep.items() for x in ("--setenv", k, v)]
+        drop = (
+            f"import os, runpy, sys; os.setgroups([]); os.setgid({uid}); os.setuid({uid}); "
+            "sys.argv = ['verdict', sys.argv[1]]; "
+            "runpy.run_module('course.grading.verdict', run_name='__main__', alter_sys=True)"
+        )
+        return [*prefix, "--unshare-net", *env, sys.executable, "-P", "-c", drop, limits]
+
     def _start(self) -> None:
         self.proc = subprocess.Popen(
-            # -P: not the job folder on sys.path
-            # the limits as its argument: the checker applies them to itself before it reads
-            # any data (a preexec_fn would fork-and-run Python in a threaded grader)
-            [sys.executable, "-P", "-m", "course.grading.verdict", json.dumps(self._limits())],
+            self._argv(),
             cwd=self.cwd,
             env=self.env,
             stdin=subprocess.PIPE,
@@ -266,7 +290,7 @@ class Checker:
                     code = self.proc.wait(timeout=5)
                 except subprocess.TimeoutExpired:
                     code = None
-                if code == -signal.SIGXCPU:
+                if code in (-signal.SIGXCPU, 128 + signal.SIGXCPU):  # bwrap: 128 + its signal
                     return self._failed("the checks used up the CPU time left in the budget")
                 return self._failed("the checker stopped")
             self.buf += chunk

@@ -864,6 +864,43 @@ def test_a_key_left_in_the_uids_keyring_is_gone_for_the_next_submission(tmp_path
     assert "FOUND None" in printed("k2_read")
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox's uids need root")
+def test_the_checks_run_as_the_slots_uid_in_the_sandbox_without_a_network(tmp_path):
+    # The checker reads data the submission chose: it runs as the slot's uid (not the grader's
+    # root), in the kernel's file view (the solutions and the grader's folders out of sight),
+    # without a network, with the run's hidden seed. The check itself says what it sees.
+    from grading_fixtures import source
+
+    from course.release import student_version
+
+    src_nb = source()
+    for c in src_nb.cells:
+        if cell_gid(c) == "test_noisy":
+            c.source = (
+                "square_2 = square(2)\n# --- check ---\nimport os, socket\n"
+                "assert os.getuid() != 0, 'the check runs as root'\n"
+                f"assert not os.path.exists({str(tmp_path / 'source')!r}), 'the check sees the solutions'\n"
+                "assert os.environ.get('COURSE_HIDDEN_SEED'), 'no hidden seed'\n"
+                "try:\n"
+                "    socket.create_connection(('1.1.1.1', 53), timeout=2)\n"
+                "    raise AssertionError('the check reached the network')\n"
+                "except OSError:\n"
+                "    pass\n"
+            )
+    (tmp_path / "source").mkdir()
+    nbformat.write(src_nb, tmp_path / "source" / "ps1.ipynb")
+    results = grade(
+        tmp_path / "source" / "ps1.ipynb",
+        write(tmp_path / "subs", {"a": answer(student_version(src_nb))}),
+        tmp_path / "out",
+        progress=False,
+        limits=LIMITS,
+    )
+    a = results["a"]
+    assert a.scores["test_noisy"] == 1.0, a.errors
+    assert any(line.startswith("checks: as uid ") for line in a.isolation), a.isolation
+
+
 FILL = """
 import errno, os
 written = {}

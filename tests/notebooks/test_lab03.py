@@ -244,6 +244,72 @@ UNGRADED = (
 )
 
 
+# Found by a student-like pass written without reading the tests (issue 31): right on the fixed
+# cases, wrong on the input space the hidden tests now sweep (cases drawn from the run's seed).
+SWEPT = {
+    "psnr": [
+        # the MSE in float32: near-identical float64 images give inf
+        r'''
+def psnr(prediction, target, data_range=1.0):
+    """Peak signal-to-noise ratio in dB of ``prediction`` against ``target`` (tensors of one shape)."""
+    # float first: 8-bit differences can be negative and their squares large
+    mse = torch.mean((prediction.float() - target.float()) ** 2).item()
+    return math.inf if mse == 0 else 10 * math.log10(data_range**2 / mse)
+''',
+        # 255 for every integer tensor, whatever data_range it is given
+        r'''
+def psnr(prediction, target, data_range=1.0):
+    """Peak signal-to-noise ratio in dB of ``prediction`` against ``target`` (tensors of one shape)."""
+    if not prediction.is_floating_point():        # an 8-bit image: its values range over 0..255
+        data_range = 255
+    mse = torch.mean((prediction.double() - target.double()) ** 2).item()
+    return math.inf if mse == 0 else 10 * math.log10(data_range**2 / mse)
+''',
+    ],
+    "zero_one": [
+        # one zero of padding: a short last shard when P % n is neither 0 nor n - 1
+        r'''
+class ZeroOne:
+    """ZeRO stage 1: this rank keeps optimizer state only for its shard of the flattened parameters."""
+
+    def __init__(self, params, optimizer_class, **kwargs):
+        self.params = [p for p in params if p.requires_grad]
+        self.rank, self.n = dist.get_rank(), dist.get_world_size()
+        self.numel = sum(p.numel() for p in self.params)
+        self.shard_size = math.ceil(self.numel / self.n)
+        start = self.rank * self.shard_size
+        flat = self._flat([p.detach() for p in self.params])
+        self.shard = flat[start:start + self.shard_size].clone().requires_grad_(True)
+        self.optimizer = optimizer_class([self.shard], **kwargs)
+
+    def _flat(self, tensors):
+        """The tensors as one vector; when P does not split evenly, a zero pads the last shard."""
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        if self.numel % self.n:
+            flat = torch.cat([flat, flat.new_zeros(1)])
+        return flat
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    def step(self):
+        start = self.rank * self.shard_size
+        grads = self._flat([p.grad for p in self.params])
+        self.shard.grad = grads[start:start + self.shard_size].clone()
+        self.optimizer.step()
+        full = torch.empty(self.n * self.shard_size, dtype=self.shard.dtype, device=self.shard.device)
+        dist.all_gather_into_tensor(full, self.shard.detach())
+        with torch.no_grad():
+            for p, new in zip(self.params, full[:self.numel].split([p.numel() for p in self.params])):
+                p.copy_(new.view_as(p))
+''',
+    ],
+}
+for _gid, _more in SWEPT.items():
+    WRONG[_gid][1].extend(_more)
+
+
 def test_every_question_has_wrong_answers_that_differ_from_the_solution():
     solution = {cells.grade_id(c): c.source for c in nbformat.read(LAB, as_version=4).cells}
     assert {test for test, _ in WRONG.values()} == set(AUTO)

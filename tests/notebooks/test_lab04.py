@@ -286,6 +286,109 @@ UNGRADED = (
 )
 
 
+# Found by a student-like pass written without reading the tests (issue 31): right on the fixed
+# cases, wrong on the input space the hidden tests now sweep (cases drawn from the run's seed).
+SWEPT = {
+    "pipeline_step": [
+        # every forward send waited for only at the end: each keeps its output alive all step
+        r'''
+def pipeline_step(stage, order, inputs, targets, loss_fn, shape):
+    """One training step of this rank's ``stage`` following ``order``; returns (loss or None, events)."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    first, last = rank == 0, rank == p - 1
+    m = sum(1 for kind, _ in order if kind == "F")
+    kept, pending, events, loss = {}, [], [], 0.0
+    for kind, i in order:
+        if kind == "F":
+            if first:
+                x = inputs[i]
+            else:
+                x = torch.empty(shape)
+                dist.recv(x, src=rank - 1)
+                x.requires_grad_()
+            start = time.perf_counter()
+            out = stage(x)
+            if last:
+                out = loss_fn(out, targets[i]) / m
+                loss += out.item()
+            events.append({"rank": rank, "op": "F", "micro": i, "start": start, "end": time.perf_counter()})
+            if not last:
+                pending.append(dist.isend(out.detach(), dst=rank + 1))   # every isend waited for at the end
+            kept[i] = (x, out)
+        else:
+            x, out = kept.pop(i)
+            grad = None
+            if not last:
+                grad = torch.empty_like(out)
+                dist.recv(grad, src=rank + 1)
+            start = time.perf_counter()
+            out.backward(grad)
+            events.append({"rank": rank, "op": "B", "micro": i, "start": start, "end": time.perf_counter()})
+            if not first:
+                pending.append(dist.isend(x.grad, dst=rank - 1))
+    for work in pending:
+        work.wait()
+    return (loss if last else None), events
+''',
+        # the last stage runs backward inside its forward and records an empty backward later
+        r'''
+def pipeline_step(stage, order, inputs, targets, loss_fn, shape):
+    """One training step of this rank's ``stage`` following ``order``; returns (loss or None, events)."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    first, last = rank == 0, rank == p - 1
+    m = sum(1 for kind, _ in order if kind == "F")
+    kept, pending, events, loss = {}, [], [], 0.0
+    for kind, i in order:
+        if kind == "F":
+            if first:
+                x = inputs[i]
+            else:
+                x = torch.empty(shape)
+                dist.recv(x, src=rank - 1)
+                x.requires_grad_()
+            start = time.perf_counter()
+            out = stage(x)
+            if last:
+                out = loss_fn(out, targets[i]) / m
+                loss += out.item()
+                out.backward()        # the loss is here already: its backward at once frees the graph sooner
+            events.append({"rank": rank, "op": "F", "micro": i, "start": start, "end": time.perf_counter()})
+            sending = None if last else dist.isend(out.detach(), dst=rank + 1)
+            kept[i] = (x, out, sending)
+        else:
+            x, out, sending = kept.pop(i)
+            if sending is not None:
+                sending.wait()
+            start = time.perf_counter()
+            if not last:              # the last stage's backward was done with its forward
+                grad = torch.empty_like(out)
+                dist.recv(grad, src=rank + 1)
+                start = time.perf_counter()
+                out.backward(grad)
+            events.append({"rank": rank, "op": "B", "micro": i, "start": start, "end": time.perf_counter()})
+            if not first:
+                pending.append(dist.isend(x.grad, dst=rank - 1))
+    for work in pending:
+        work.wait()
+    return (loss if last else None), events
+''',
+    ],
+    "measured_bubble": [
+        # the step's start read from the first event listed, not the earliest
+        r'''
+def measured_bubble(events):
+    """1 − (compute time of all ranks) / (ranks × span of the step), from every rank's events."""
+    ranks = {e["rank"] for e in events}
+    # the step starts with its first event (rank 0's first forward) and ends with the last to finish
+    span = max(e["end"] for e in events) - events[0]["start"]
+    return 1 - sum(e["end"] - e["start"] for e in events) / (len(ranks) * span)
+''',
+    ],
+}
+for _gid, _more in SWEPT.items():
+    WRONG[_gid][1].extend(_more)
+
+
 def test_every_question_has_wrong_answers_that_differ_from_the_solution():
     lab_grading.assert_wrong_answers_are_wrong(LAB, WRONG, AUTO)
 

@@ -224,6 +224,84 @@ UNGRADED = (
 )
 
 
+# Found by a student-like pass written without reading the tests (issue 31): right on the fixed
+# cases, wrong on the input space the hidden tests now sweep (cases drawn from the run's seed).
+SWEPT = {
+    "plan": [
+        # k searched over powers of two only: plan(600, 2, 128) gives (75, 4), not (100, 3)
+        r'''
+def plan(global_batch, world_size, max_micro):
+    """(micro, k): k micro-batches of micro samples per rank make the global batch; the fewest k."""
+    if global_batch % world_size:
+        raise ValueError(f"a global batch of {global_batch} does not split evenly over "
+                         f"{world_size} ranks: choose a multiple of {world_size}")
+    per_rank = global_batch // world_size
+    k = 1
+    while k < per_rank and (per_rank % k or per_rank // k > max_micro):
+        k *= 2                                    # halve the micro-batch until it fits
+    if per_rank % k or per_rank // k > max_micro:
+        k = per_rank                              # no halving divides it: one sample at a time
+    return per_rank // k, k
+''',
+    ],
+    "lars": [
+        # the first velocity is the gradient tensor itself: rewritten when .grad is filled in place
+        r'''
+class LARS(torch.optim.Optimizer):
+    """SGD with momentum whose weight matrices step by trust * |p| / (|g| + wd * |p|) of the rate."""
+
+    def __init__(self, params, lr, momentum=0.9, weight_decay=0.0, trust=0.02):
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, trust=trust))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                d = p.grad
+                if p.ndim > 1:
+                    wd = group["weight_decay"]
+                    w_norm, g_norm = p.norm(), d.norm()
+                    ratio = group["trust"] * w_norm / (g_norm + wd * w_norm) if w_norm > 0 and g_norm > 0 else 1.0
+                    d = ratio * (d + wd * p)
+                state = self.state[p]
+                if "momentum" not in state:
+                    state["momentum"] = d                 # v = momentum * 0 + d: the first velocity is d
+                else:
+                    state["momentum"].mul_(group["momentum"]).add_(d)
+                p.sub_(group["lr"] * state["momentum"])
+''',
+        # the velocity in float32 on the CPU whatever the parameter: float64 weights drift
+        r'''
+class LARS(torch.optim.Optimizer):
+    """SGD with momentum whose weight matrices step by trust * |p| / (|g| + wd * |p|) of the rate."""
+
+    def __init__(self, params, lr, momentum=0.9, weight_decay=0.0, trust=0.02):
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, trust=trust))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                d = p.grad
+                if p.ndim > 1:
+                    wd = group["weight_decay"]
+                    w_norm, g_norm = p.norm(), d.norm()
+                    ratio = group["trust"] * w_norm / (g_norm + wd * w_norm) if w_norm > 0 and g_norm > 0 else 1.0
+                    d = ratio * (d + wd * p)
+                v = self.state[p].setdefault("momentum", torch.zeros(p.shape))   # v starts at zero
+                v.mul_(group["momentum"]).add_(d)
+                p.sub_(group["lr"] * v)
+''',
+    ],
+}
+for _gid, _more in SWEPT.items():
+    WRONG[_gid][1].extend(_more)
+
+
 def test_every_question_has_wrong_answers_that_differ_from_the_solution():
     lab_grading.assert_wrong_answers_are_wrong(LAB, WRONG, AUTO)
 

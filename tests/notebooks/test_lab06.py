@@ -160,6 +160,32 @@ UNGRADED = (
 )
 
 
+# Found by a student-like pass written without reading the tests (issue 31): right on the fixed
+# cases, wrong on the input space the hidden tests now sweep (cases drawn from the run's seed).
+SWEPT = {
+    "gradient_bytes": [
+        # 2 bytes for half precision, 4 for anything else: float64 counted at half its size
+        r'''
+def gradient_bytes(model):
+    """Bytes of gradient DDP all-reduces per step for ``model``."""
+    size = {torch.float16: 2, torch.bfloat16: 2}      # half precision: 2 bytes; everything else fp32
+    return sum(p.numel() * size.get(p.dtype, 4) for p in model.parameters() if p.requires_grad)
+''',
+    ],
+    "comm_share": [
+        # no step after skip: falls back to every record, the warm-up's share reported as the run's
+        r'''
+def comm_share(records, skip):
+    """Median over the steps after ``skip`` of exposed communication / step time."""
+    steps = records[skip:] or records             # a run too short to skip: keep what there is
+    return statistics.median(r["exposed_comm_s"] / r["total"] for r in steps)
+''',
+    ],
+}
+for _gid, _more in SWEPT.items():
+    WRONG[_gid][1].extend(_more)
+
+
 def test_every_question_has_wrong_answers_that_differ_from_the_solution():
     lab_grading.assert_wrong_answers_are_wrong(LAB, WRONG, AUTO)
 
