@@ -111,10 +111,10 @@ def _grade(
     write_manifest(out, source_bytes, (k, n), entries, [r.student for r in refused])
     keys = [(p, submission_key(p, source_bytes, parameters, limits, iso.mode)) for p in entries]
     results, todo = _resume(out, keys)
+    unwritten = {}  # what a short disk (or any write error) kept from the output folder
     for r in refused:  # graded as refused, alone: the batch goes on
-        save_result(r, out / "results" / f"{r.student}.json")
-        write_feedback(r, qs, out)
         results[r.student] = r
+        _keep(r, qs, out, results, unwritten)
     stop, slots = threading.Event(), _Slots(jobs)
 
     def task(path, key):
@@ -136,8 +136,16 @@ def _grade(
         r.key = key
         return r
 
-    _run_all(task, todo, results, qs, out, jobs, stop, f"grading {lab.stem}", progress)
-    manual.write_sheets(out, source, source_bytes, qs, results)  # the written answers' sheets
+    sheets = lambda: manual.write_sheets(out, source, source_bytes, qs, results)  # noqa: E731
+    try:
+        _run_all(
+            task, todo, results, qs, out, jobs, stop, f"grading {lab.stem}", progress, unwritten
+        )
+    except NotWritten:  # the written answers' sheets all the same, then what was not written
+        _written(sheets, "manual/ sheets", unwritten)
+        raise
+    if not _written(sheets, "manual/ sheets", unwritten):  # the written answers' sheets
+        raise NotWritten(out, unwritten)
     return results
 
 
@@ -261,7 +269,9 @@ class _Slots:
                 self.free.append(slot)
 
 
-def _run_all(task, todo, results, qs, out: Path, jobs: int, stop, desc: str, progress: bool):
+def _run_all(
+    task, todo, results, qs, out: Path, jobs: int, stop, desc: str, progress: bool, unwritten=None
+):
     """Run ``task`` on every (path, key) of ``todo``, ``jobs`` at a time; each Result, once
     done, gets its feedback page and saved result, and the gradebook is rewritten. Ctrl-C sets
     ``stop`` (running submissions end as "interrupted", kept nowhere) and keeps what finished."""
@@ -270,7 +280,7 @@ def _run_all(task, todo, results, qs, out: Path, jobs: int, stop, desc: str, pro
     bar = tqdm(total=len(todo), desc=desc, unit="sub", disable=not progress)
     pool = ThreadPoolExecutor(max_workers=max(1, jobs))
     futures = [pool.submit(task, p, k) for p, k in todo]
-    unwritten = {}  # what a short disk (or any write error) kept from the output folder
+    unwritten = {} if unwritten is None else unwritten  # what a short disk kept from `out`
     try:
         for fut in as_completed(futures):
             r = fut.result()

@@ -1,5 +1,6 @@
-"""Grading a lab like a class would hand it in: the solution, the untouched student version, and
-submissions built from plausible wrong answers. Shared by the tests of every lab."""
+"""Grading a lab like a class would hand it in: the untouched student version and submissions
+built from plausible wrong answers, through `course grade`; every wrong answer against its test
+cell in one kernel. Shared by the tests of every lab."""
 
 from __future__ import annotations
 
@@ -91,13 +92,12 @@ def grade_class(
     limits: Limits | None = None,
     entry: Path | None = None,
 ) -> dict:
-    """Grade the solution (perfect), the student version (untouched) and every wrong submission.
+    """Grade the student version (untouched) and the two half-wrong submissions.
 
     ``entry``: the syllabus path whose quick profile applies (default ``lab``; a trimmed copy of
     a lab in a temporary folder names its original)."""
     subs = tmp / "subs"
     subs.mkdir()
-    shutil.copy(lab, subs / "perfect.ipynb")  # the solution is a perfect submission
     shutil.copy(student, subs / "untouched.ipynb")
     for name, replace in wrong_submissions(wrong).items():
         write_submission(lab, subs / f"{name}.ipynb", replace)
@@ -211,9 +211,10 @@ def wrong_answer_verdicts(
                     "its test, not its own cell"
                 )
                 start = time.monotonic()
-                verdicts[gid, v] = next(
-                    filter(None, (run(i) for i in range(answer + 1, check + 1))), None
-                )
+                # every cell up to the test runs (as in grading, an error does not stop the
+                # notebook); the verdict is the test cell's own: a helper cell that fails on
+                # the wrong answer is not the test catching it
+                verdicts[gid, v] = [run(i) for i in range(answer + 1, check + 1)][-1]
                 seconds[gid, v] = time.monotonic() - start
             verdicts[gid, -1] = next(filter(None, (run(i) for i in range(answer, check + 1))), None)
         # A test that draws its cases from the run's seed: the solution passes at four more
@@ -245,18 +246,24 @@ def assert_each_wrong_answer_fails_its_test(verdicts: dict, wrong: dict) -> None
         )
 
 
-def assert_perfect_scores_all_and_untouched_none(graded: dict, auto: dict, manual: set) -> None:
-    perfect, untouched = graded["perfect"], graded["untouched"]
-    assert perfect.status == "graded" and untouched.status == "graded", (
-        perfect.reason,
-        untouched.reason,
-    )
-    assert {g: perfect.scores[g] for g in auto} == {g: float(p) for g, p in auto.items()}, (
-        perfect.errors
-    )
-    assert perfect.total == sum(auto.values())
-    assert all(perfect.scores[g] is None for g in manual)  # written answers wait for a person
-    assert untouched.total == 0.0
+def assert_right_answers_score_every_point_and_untouched_none(
+    graded: dict, wrong: dict, auto: dict, manual: set
+) -> None:
+    """Between the two halves every question is right once: its full points there, all the
+    automatic points in all (the solution needs no run of its own through the grader: its
+    answers are the halves' right ones, and the syllabus run and the verdicts run it whole);
+    written answers wait for a person; the untouched student version scores nothing."""
+    halves = wrong_submissions(wrong)
+    earned = {}
+    for name, replace in halves.items():
+        r = graded[name]
+        assert r.status == "graded", (name, r.reason)
+        right = {wrong[gid][0] for gid in wrong} - {wrong[gid][0] for gid in replace}
+        earned.update({test: r.scores[test] for test in right})
+        assert all(r.scores[g] is None for g in manual), (name, r.scores)  # for a person
+    assert earned == {g: float(p) for g, p in auto.items()}, earned
+    untouched = graded["untouched"]
+    assert untouched.status == "graded" and untouched.total == 0.0, untouched.reason
 
 
 def assert_wrong_answers_are_wrong(lab: Path, wrong: dict, auto: dict) -> None:

@@ -38,19 +38,25 @@ def forget_keys() -> None:
     def keyctl(*args) -> int:
         return libc.syscall(number, *(ctypes.c_long(a) for a in args))
 
-    if keyctl(KEYCTL_JOIN_SESSION_KEYRING, 0) < 0:
-        if ctypes.get_errno() in (errno.ENOSYS, errno.EPERM, errno.EACCES):
-            return  # no keyctl here (a kernel without keys, or a seccomp filter): no key either
-        raise OSError(ctypes.get_errno(), "could not start a fresh session keyring")
-    rings = [KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING]
-    persistent = keyctl(KEYCTL_GET_PERSISTENT, -1, KEY_SPEC_SESSION_KEYRING)
-    if persistent >= 0:
-        rings.append(persistent)
-    elif ctypes.get_errno() not in (errno.EOPNOTSUPP, errno.ENOSYS):  # built without them
-        raise OSError(ctypes.get_errno(), "could not reach the uid's persistent keyring")
-    for ring in rings:
+    def clear(ring: int, what: str) -> None:
         if keyctl(KEYCTL_CLEAR, ring) < 0:
-            raise OSError(ctypes.get_errno(), f"could not empty keyring {ring}")
+            raise OSError(ctypes.get_errno(), f"could not empty the uid's {what}")
+
+    # Emptied before anything new is made: keys left by a submission count against the uid's
+    # key quota, and a full quota would stop the next job's own session keyring. The persistent
+    # keyring is reached through the user keyring (linked there, then emptied, then unlinked
+    # with the rest of the user keyring).
+    persistent = keyctl(KEYCTL_GET_PERSISTENT, -1, KEY_SPEC_USER_KEYRING)
+    if persistent >= 0:
+        clear(persistent, "persistent keyring")
+    elif ctypes.get_errno() in (errno.ENOSYS, errno.EPERM, errno.EACCES):
+        return  # no keyctl here (a kernel without keys, or a seccomp filter): no key either
+    elif ctypes.get_errno() != errno.EOPNOTSUPP:  # a kernel built without persistent keyrings
+        raise OSError(ctypes.get_errno(), "could not reach the uid's persistent keyring")
+    clear(KEY_SPEC_USER_KEYRING, "user keyring")
+    clear(KEY_SPEC_USER_SESSION_KEYRING, "user session keyring")
+    if keyctl(KEYCTL_JOIN_SESSION_KEYRING, 0) < 0:
+        raise OSError(ctypes.get_errno(), "could not start a fresh session keyring")
 
 
 def main() -> None:

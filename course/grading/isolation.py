@@ -18,6 +18,7 @@ the uid find the ones that shed their marker).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -224,14 +225,16 @@ class Group:
                     pass
 
     def memory(self) -> int | None:
-        """Anonymous memory of the whole group from its cgroup (page cache not counted), if any."""
+        """Anonymous memory of the whole group from its cgroup, and what it wrote into its tmpfs
+        folders (shared memory: those pages are RAM too); page cache not counted. None without
+        a memory cgroup."""
         for d in self.dirs:
             stat = d / "memory.stat"
             if stat.exists():
                 values = dict(line.split() for line in stat.read_text().splitlines() if " " in line)
-                for key in ("anon", "total_rss"):  # cgroup v2, v1
-                    if key in values:
-                        return int(values[key])
+                for anon, shmem in (("anon", "shmem"), ("total_rss", "total_shmem")):  # v2, v1
+                    if anon in values:
+                        return int(values[anon]) + int(values.get(shmem, 0))
         return None
 
     def add(self, pid: int) -> None:
@@ -362,3 +365,14 @@ def sized_work_folder(workdir: str, size: int, uid: int | None) -> str:
     if done.returncode != 0:
         return f"work folder: on the host's disk (no tmpfs: {done.stderr.strip()[:200]})"
     return f"work folder: a private tmpfs of {size / 2**20:.0f} MiB"
+
+
+@functools.lru_cache(maxsize=1)
+def bwrap_sizes() -> bool:
+    """Whether this bubblewrap sizes a tmpfs (``--size``, from 0.7): an older one refuses the
+    option, and every kernel would fail to start."""
+    try:
+        done = subprocess.run(["bwrap", "--help"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "--size" in done.stdout + done.stderr

@@ -21,7 +21,10 @@ class Limits:
     memory: int = 4 * 2**30  # bytes, the whole submission (kernel, ranks, children)
     processes: int = 128
     file_size: int = 100 * 2**20
-    work_size: int = 2**30  # bytes the submission may write in all (its work folder, /tmp)
+    work_size: int = (
+        2**30
+    )  # bytes it may write in each of its work folder, /tmp, /var/tmp, /dev/shm
+    # (each a tmpfs: the pages count in its memory, which bounds them all together)
 
 
 @dataclass

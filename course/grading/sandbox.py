@@ -38,7 +38,7 @@ import tempfile
 from pathlib import Path
 
 from course.grading import cells
-from course.grading.isolation import sized_work_folder
+from course.grading.isolation import bwrap_sizes, sized_work_folder
 from course.grading.plain import MAX_BYTES, MIME
 
 OUTPUT_LIMIT = 100_000  # bytes of output kept per cell; the rest is dropped with a note
@@ -125,9 +125,9 @@ def bwrap_argv(workdir: str, size: int | None = None) -> list[str]:
     # /tmp (a CI clone) is bound on top of it rather than hidden beneath it.
     argv += ["--perms", "0755", "--dir", "/etc", "--perms", "0755", "--dir", "/var"]
     argv += ["--proc", "/proc", "--dev", "/dev"]
-    private = ("/dev/shm", "/tmp", "/var/tmp")
+    private, sized = ("/dev/shm", "/tmp", "/var/tmp"), ["--size", str(size)] if size else []
     for folder in private:  # writable by anyone, as on the host; as big as the work folder
-        argv += ["--perms", "1777", *(["--size", str(size)] if size else []), "--tmpfs", folder]
+        argv += ["--perms", "1777", *(sized if bwrap_sizes() else []), "--tmpfs", folder]
     # Folders bwrap creates on the way to a bind are 0700 (root's): make them enterable, or the
     # job's uid cannot reach an interpreter under /root, a venv under /work, or a work folder
     # that TMPDIR put below /tmp.

@@ -82,6 +82,10 @@ def _read_regular(path: Path) -> tuple[bytes | None, str | None]:
 def _over_caps(data: dict) -> str | None:
     """Why a parsed notebook is too big to grade (MAX_CELLS, MAX_SOURCE), or None."""
     cells = data.get("cells")
+    if "cells" not in data and isinstance(data.get("worksheets"), list):  # nbformat 3
+        cells = [
+            c for ws in data["worksheets"] if isinstance(ws, dict) for c in ws.get("cells", [])
+        ]
     if not isinstance(cells, list):
         return None  # nbformat says what is wrong with it
     if len(cells) > MAX_CELLS:
@@ -92,7 +96,10 @@ def _over_caps(data: dict) -> str | None:
     size = 0
     for cell in cells:
         source = cell.get("source", "") if isinstance(cell, dict) else ""
-        size += sum(map(len, source)) if isinstance(source, list) else len(str(source))
+        if isinstance(source, list):  # lines; anything else in it is nbformat's to refuse
+            size += sum(len(line) for line in source if isinstance(line, str))
+        elif isinstance(source, str):
+            size += len(source)
     if size > MAX_SOURCE:
         return (
             f"{size:,} characters of source, over the limit of {MAX_SOURCE:,}: "

@@ -167,12 +167,19 @@ def limit(limits: dict) -> None:
     (SIGXCPU at the soft limit ends it) and cores."""
     import resource
 
+    def lower(which: int, soft: int, hard: int) -> None:
+        """Never above what this process already has (raising a hard limit needs root)."""
+        _, now = resource.getrlimit(which)
+        if now != resource.RLIM_INFINITY:
+            soft, hard = min(soft, now), min(hard, now)
+        resource.setrlimit(which, (soft, hard))
+
     if limits.get("memory"):
-        resource.setrlimit(resource.RLIMIT_DATA, (limits["memory"],) * 2)
+        lower(resource.RLIMIT_DATA, limits["memory"], limits["memory"])
     if limits.get("file_size"):
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_size"],) * 2)
+        lower(resource.RLIMIT_FSIZE, limits["file_size"], limits["file_size"])
     if limits.get("cpu_seconds"):
-        resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_seconds"], limits["cpu_seconds"] + 1))
+        lower(resource.RLIMIT_CPU, limits["cpu_seconds"], limits["cpu_seconds"] + 1)
     if limits.get("cpus"):
         os.sched_setaffinity(0, limits["cpus"])
 
@@ -232,7 +239,10 @@ class Checker:
         return math.inf if self.deadline is None else self.deadline - time.monotonic()
 
     def _limits(self) -> dict:
-        cpu = None if self.deadline is None else max(1, math.ceil(self._left()))
+        # CPU seconds count every thread: the wall-clock seconds left times the slot's cores
+        # (torch uses them all), and 10 s to start bubblewrap, Python and torch
+        cores = len(self.limits.get("cpus") or os.sched_getaffinity(0))
+        cpu = None if self.deadline is None else math.ceil(max(1, self._left()) * cores) + 10
         return {**self.limits, "cpu_seconds": cpu}
 
     def _argv(self) -> list[str]:

@@ -297,6 +297,12 @@ def test_a_notebook_of_too_many_cells_or_too_much_source_is_refused_before_it_is
     big = {**many, "cells": [{**cell, "source": "x" * 2**20}] * 5}
     (tmp_path / "big.ipynb").write_text(json.dumps(big))
     assert "characters of source, over the limit" in load_submission(tmp_path / "big.ipynb")[1]
+    v3 = {"worksheets": [{"cells": [cell] * 3000}], "metadata": {}, "nbformat": 3}
+    (tmp_path / "v3.ipynb").write_text(json.dumps(v3))  # the old format counts too
+    assert load_submission(tmp_path / "v3.ipynb")[1].startswith("3,000 cells, over the limit")
+    odd = {**many, "cells": [{**cell, "source": [1, 2]}]}  # not text: refused, not a crash
+    (tmp_path / "odd.ipynb").write_text(json.dumps(odd))
+    assert load_submission(tmp_path / "odd.ipynb")[0] is None
     fine = {**many, "cells": [cell] * submission.MAX_CELLS}  # at the limit: read
     (tmp_path / "fine.ipynb").write_text(json.dumps(fine))
     assert load_submission(tmp_path / "fine.ipynb")[1] is None

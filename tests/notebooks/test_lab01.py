@@ -1,4 +1,4 @@
-"""Lab 01 end to end: graded like a student's — perfect, unfinished, and plausibly wrong.
+"""Lab 01 end to end: graded like a student's — unfinished, and plausibly wrong.
 
 The wrong answers are the ones a student would write (an off-by-one search, DistributedSampler
 wrapped, a sum that is never divided, the speedup against the wrong baseline, MiB for MB, ...).
@@ -304,7 +304,7 @@ def test_the_unfinished_student_version_says_what_to_do():
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """Grade the solution, the untouched student version and the two wrong submissions, once.
+    """Grade the untouched student version and the two half-wrong submissions, once.
 
     On copies without the ungraded cells (thread budgets, the set_epoch demo, tables, plots,
     the α-β benchmark and cost model), with one timing repeat and worlds of 1 and 2: the
@@ -315,8 +315,10 @@ def graded(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # grading the class (the fixture) runs inside the first test
-def test_the_solution_scores_every_automatic_point_and_the_unfinished_lab_none(graded):
-    lab_grading.assert_perfect_scores_all_and_untouched_none(graded, AUTO, MANUAL)
+def test_right_answers_score_every_automatic_point_and_the_unfinished_lab_none(graded):
+    lab_grading.assert_right_answers_score_every_point_and_untouched_none(
+        graded, WRONG, AUTO, MANUAL
+    )
     assert sum(AUTO.values()) == 13
     assert "NotImplementedError" in graded["untouched"].errors["test_shard_indices"]
 

@@ -1,10 +1,10 @@
-"""Lab 02 end to end: graded like a student's — perfect, unfinished, and plausibly wrong.
+"""Lab 02 end to end: graded like a student's — unfinished, and plausibly wrong.
 
 The wrong answers are the ones a student would write: gradients averaged where DataParallel
 sums them, a model "replicated" by sharing it, DDP that never broadcasts or never divides, that
 all-reduces after backward or synchronously, buckets in forward order, a parameter without a
 gradient handled wrongly; steps counted with a floor; a loss not divided by k, a forward outside
-``no_sync``. The grader grades the solution, the untouched lab and the first wrong answer of every question in
+``no_sync``. The grader grades the untouched lab and the first wrong answer of every question in
 two halves (each wrong in every other question: a wrong answer costs its own points and only
 those); every wrong answer is also checked in one kernel against its question's test cell,
 hidden parts included (lab_grading.wrong_answer_verdicts). The ungraded timing and training cells run with fewer
@@ -583,8 +583,10 @@ def graded(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # grading the class (the fixture) runs inside the first test
-def test_the_solution_scores_every_automatic_point_and_the_unfinished_lab_none(graded):
-    lab_grading.assert_perfect_scores_all_and_untouched_none(graded, AUTO, MANUAL)
+def test_right_answers_score_every_automatic_point_and_the_unfinished_lab_none(graded):
+    lab_grading.assert_right_answers_score_every_point_and_untouched_none(
+        graded, WRONG, AUTO, MANUAL
+    )
     assert sum(AUTO.values()) == 11
     assert "NotImplementedError" in graded["untouched"].errors["test_scratch_ddp"]
 

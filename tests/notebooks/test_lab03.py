@@ -1,4 +1,4 @@
-"""Lab 03 end to end: graded like a student's — perfect, unfinished, and plausibly wrong.
+"""Lab 03 end to end: graded like a student's — unfinished, and plausibly wrong.
 
 The wrong answers are the ones a student would write: the largest batch from one point's bytes
 per sample (the fixed part forgotten), rounded or off by one at the boundary, negative or
@@ -10,7 +10,7 @@ gradients summed again, strided shards read back in order, ``zero_grad`` forgott
 buffer for every dtype; bytes per
 rank with Adam's state counted once, unpadded or floored shards, the gradients sharded at stage
 1, the parameters never sharded, SGD given a state, mixed precision's bytes in fp32, stage 2 and
-3 swapped. The grader grades the solution, the untouched lab and the first wrong answer of every question in
+3 swapped. The grader grades the untouched lab and the first wrong answer of every question in
 two halves (each wrong in every other question: a wrong answer costs its own points and only
 those); every wrong answer is also checked in one kernel against its question's test cell,
 hidden parts included (lab_grading.wrong_answer_verdicts). The ungraded timing, fitting and plot cells are left out.
@@ -350,8 +350,10 @@ def graded(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # grading the class (the fixture) runs inside the first test
-def test_the_solution_scores_every_automatic_point_and_the_unfinished_lab_none(graded):
-    lab_grading.assert_perfect_scores_all_and_untouched_none(graded, AUTO, MANUAL)
+def test_right_answers_score_every_automatic_point_and_the_unfinished_lab_none(graded):
+    lab_grading.assert_right_answers_score_every_point_and_untouched_none(
+        graded, WRONG, AUTO, MANUAL
+    )
     assert sum(AUTO.values()) == 10
 
 

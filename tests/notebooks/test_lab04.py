@@ -1,4 +1,4 @@
-"""Lab 04 end to end: graded like a student's — perfect, unfinished, and plausibly wrong.
+"""Lab 04 end to end: graded like a student's — unfinished, and plausibly wrong.
 
 The wrong answers are the ones a student would write: a 1F1B warm-up one too long, or counted
 from the wrong end, or left out, GPipe's backwards in reverse, a micro-batch forgotten; an
@@ -8,7 +8,7 @@ sends with a blocking `send`, or times the wait in `recv` as compute; the bubble
 rank's own span, over the number of events, without the ranks, from time 0, from the first
 and last event listed; a tensor-parallel
 MLP without the forward all-reduce, with the bias added on every rank, without the backward
-all-reduce, all-reducing both ways, or averaging instead of summing. The grader grades the solution, the untouched lab and the first wrong answer of every question in
+all-reduce, all-reducing both ways, or averaging instead of summing. The grader grades the untouched lab and the first wrong answer of every question in
 two halves (each wrong in every other question: a wrong answer costs its own points and only
 those); every wrong answer is also checked in one kernel against its question's test cell,
 hidden parts included (lab_grading.wrong_answer_verdicts).
@@ -426,8 +426,10 @@ def graded(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # grading the class (the fixture) runs inside the first test
-def test_the_solution_scores_every_automatic_point_and_the_unfinished_lab_none(graded):
-    lab_grading.assert_perfect_scores_all_and_untouched_none(graded, AUTO, MANUAL)
+def test_right_answers_score_every_automatic_point_and_the_unfinished_lab_none(graded):
+    lab_grading.assert_right_answers_score_every_point_and_untouched_none(
+        graded, WRONG, AUTO, MANUAL
+    )
     assert sum(AUTO.values()) == 14
 
 

@@ -1,4 +1,4 @@
-"""Lab 05 end to end: graded like a student's — perfect, unfinished, and plausibly wrong.
+"""Lab 05 end to end: graded like a student's — unfinished, and plausibly wrong.
 
 The wrong answers are the ones a student would write: a plan that forgets the ranks, rounds the
 micro-batch down so the batch no longer adds up, always uses the largest micro-batch, takes the
@@ -8,7 +8,7 @@ divides by zero without warmup; a LARS without the trust ratio, with it on the b
 one norm for the whole model, per row, squared, without the weight decay in its denominator, on
 the momentum instead of the step, without the trust coefficient, dividing by a zero gradient
 norm, or reading its hyperparameters from the defaults instead of each group. The sweeps, the
-timing and the plots grade nothing and are left out. The grader grades the solution, the untouched lab and the first wrong answer of every question in
+timing and the plots grade nothing and are left out. The grader grades the untouched lab and the first wrong answer of every question in
 two halves (each wrong in every other question: a wrong answer costs its own points and only
 those); every wrong answer is also checked in one kernel against its question's test cell,
 hidden parts included (lab_grading.wrong_answer_verdicts).
@@ -357,8 +357,10 @@ def graded(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # grading the class (the fixture) runs inside the first test
-def test_the_solution_scores_every_automatic_point_and_the_unfinished_lab_none(graded):
-    lab_grading.assert_perfect_scores_all_and_untouched_none(graded, AUTO, MANUAL)
+def test_right_answers_score_every_automatic_point_and_the_unfinished_lab_none(graded):
+    lab_grading.assert_right_answers_score_every_point_and_untouched_none(
+        graded, WRONG, AUTO, MANUAL
+    )
     assert sum(AUTO.values()) == 7
 
 

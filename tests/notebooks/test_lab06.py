@@ -1,4 +1,4 @@
-"""Lab 06 end to end: graded like a student's — perfect, unfinished, and plausibly wrong.
+"""Lab 06 end to end: graded like a student's — unfinished, and plausibly wrong.
 
 The wrong answers are the ones a student would write: gradient bytes that count frozen
 parameters, or the state dict (buffers too), or 4 bytes whatever the dtype, or elements instead
@@ -7,7 +7,7 @@ exposed part, a mean, warm-up kept, skip ignored, a ratio of medians or of sums;
 that ignores the target asked, accepts a loss equal to the target, counts only the crossing epoch's seconds or those
 before it, numbers epochs from 0, takes the last crossing, or reports the end of training when
 the target is never reached. The zoo, the training runs, the ViT, the sweep and the plots grade
-nothing and are left out. The grader grades the solution, the untouched lab and the first wrong answer of every question in
+nothing and are left out. The grader grades the untouched lab and the first wrong answer of every question in
 two halves (each wrong in every other question: a wrong answer costs its own points and only
 those); every wrong answer is also checked in one kernel against its question's test cell,
 hidden parts included (lab_grading.wrong_answer_verdicts).
@@ -227,8 +227,10 @@ def graded(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # grading the class (the fixture) runs inside the first test
-def test_the_solution_scores_every_automatic_point_and_the_unfinished_lab_none(graded):
-    lab_grading.assert_perfect_scores_all_and_untouched_none(graded, AUTO, MANUAL)
+def test_right_answers_score_every_automatic_point_and_the_unfinished_lab_none(graded):
+    lab_grading.assert_right_answers_score_every_point_and_untouched_none(
+        graded, WRONG, AUTO, MANUAL
+    )
     assert sum(AUTO.values()) == 4
 
 
