@@ -42,21 +42,20 @@ def forget_keys() -> None:
         if keyctl(KEYCTL_CLEAR, ring) < 0:
             raise OSError(ctypes.get_errno(), f"could not empty the uid's {what}")
 
-    # Emptied before anything new is made: keys left by a submission count against the uid's
-    # key quota, and a full quota would stop the next job's own session keyring. The persistent
-    # keyring is reached through the user keyring (linked there, then emptied, then unlinked
-    # with the rest of the user keyring).
-    persistent = keyctl(KEYCTL_GET_PERSISTENT, -1, KEY_SPEC_USER_KEYRING)
-    if persistent >= 0:
-        clear(persistent, "persistent keyring")
-    elif ctypes.get_errno() in (errno.ENOSYS, errno.EPERM, errno.EACCES):
-        return  # no keyctl here (a kernel without keys, or a seccomp filter): no key either
-    elif ctypes.get_errno() != errno.EOPNOTSUPP:  # a kernel built without persistent keyrings
-        raise OSError(ctypes.get_errno(), "could not reach the uid's persistent keyring")
-    clear(KEY_SPEC_USER_KEYRING, "user keyring")
+    # The uid's own keyrings emptied before anything new is made: keys left by a submission
+    # count against the uid's key quota, and a full quota would stop this job's session keyring.
+    if keyctl(KEYCTL_CLEAR, KEY_SPEC_USER_KEYRING) < 0:
+        if ctypes.get_errno() in (errno.ENOSYS, errno.EPERM, errno.EACCES):
+            return  # no keyctl here (a kernel without keys, or a seccomp filter): no key either
+        raise OSError(ctypes.get_errno(), "could not empty the uid's user keyring")
     clear(KEY_SPEC_USER_SESSION_KEYRING, "user session keyring")
     if keyctl(KEYCTL_JOIN_SESSION_KEYRING, 0) < 0:
         raise OSError(ctypes.get_errno(), "could not start a fresh session keyring")
+    persistent = keyctl(KEYCTL_GET_PERSISTENT, -1, KEY_SPEC_SESSION_KEYRING)
+    if persistent >= 0:
+        clear(persistent, "persistent keyring")
+    elif ctypes.get_errno() != errno.EOPNOTSUPP:  # a kernel built without persistent keyrings
+        raise OSError(ctypes.get_errno(), "could not reach the uid's persistent keyring")
 
 
 def main() -> None:
