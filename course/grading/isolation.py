@@ -237,6 +237,17 @@ class Group:
                         return int(values[anon]) + int(values.get(shmem, 0))
         return None
 
+    def oom_killed(self) -> bool:
+        """Whether the memory cgroup killed a process of the group (its limit, 1.25 x the
+        grader's, reached between two of the grader's looks: a busy machine can be that slow)."""
+        for d in self.dirs:
+            for name in ("memory.events", "memory.oom_control"):  # cgroup v2, v1
+                for line in _read(d / name).splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill" and value.strip().isdigit() and int(value) > 0:
+                        return True
+        return False
+
     def add(self, pid: int) -> None:
         for d in self.dirs:
             try:

@@ -87,6 +87,11 @@ def grade_one(
         status, reason, notebook, probes = _watch(
             runner, lines, group, limits, stop, start + limits.budget, tests, result
         )
+        if status == "graded" and group.oom_killed():  # before the group is removed below
+            status = "memory"
+            reason = (
+                f"over the {limits.memory / 2**30:.1f} GiB limit (the kernel was killed for it)"
+            )
     finally:
         group.kill(alive([runner.pid]) if runner.poll() is None else [])
         runner.wait()

@@ -901,6 +901,26 @@ def test_the_checks_run_as_the_slots_uid_in_the_sandbox_without_a_network(tmp_pa
     assert any(line.startswith("checks: as uid ") for line in a.isolation), a.isolation
 
 
+def test_a_kernel_the_memory_cgroup_killed_is_read_as_over_the_memory_limit(tmp_path):
+    # Under load the grader's look at memory can come after the cgroup's own limit (1.25 x) has
+    # killed the kernel (the class grading saw "graded" where "memory" was due): the runner then
+    # reads the cgroup's count of OOM kills (v1: memory.oom_control, v2: memory.events).
+    from course.grading.isolation import Group
+
+    group = Group.__new__(Group)
+    v1, v2 = tmp_path / "v1", tmp_path / "v2"
+    v1.mkdir(), v2.mkdir()
+    (v1 / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 0\n")
+    (v2 / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    group.dirs = [v1]
+    assert not group.oom_killed()
+    group.dirs = [v1, v2]
+    assert group.oom_killed()
+    (v1 / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    group.dirs = [v1]
+    assert group.oom_killed()
+
+
 FILL = """
 import errno, os
 written = {}
