@@ -144,8 +144,8 @@ def test_hostile_and_broken_submissions(assignment, tmp_path):
             """
             import time
             hog = []
-            for _ in range(12):
-                hog.append(b"x" * (256 * 2**20)); time.sleep(0.5)  # written, so really resident
+            for _ in range(12):  # 3 GiB in about 2 s: past the limit well inside the 8 s cell
+                hog.append(b"x" * (256 * 2**20)); time.sleep(0.1)  # written, so really resident
             time.sleep(30)
             """,
             before="test_mean",
