@@ -70,6 +70,8 @@ SCRATCH_RIGHT = {
     "broadcast": """for t in list(module.parameters()) + list(module.buffers()):
             dist.broadcast(t.data, src=0)""",
     "order": "reversed([p for p in module.parameters() if p.requires_grad])",
+    "size": "size += p.numel() * p.element_size()",
+    "full": "size >= bucket_cap_mb * 2**20",
     "hook": "p.register_post_accumulate_grad_hook(self._ready)",
     "ready": """self.arrived[i] += 1
         if self.arrived[i] == len(self.buckets[i]):
@@ -98,8 +100,8 @@ class ScratchDDP(nn.Module):
         self.buckets, current, size = [], [], 0
         for p in {b["order"]}:
             current.append(p)
-            size += p.numel() * p.element_size()
-            if size >= bucket_cap_mb * 2**20:
+            {b["size"]}
+            if {b["full"]}:
                 self.buckets.append(current)
                 current, size = [], 0
         if current:
@@ -311,235 +313,13 @@ def dp_reduce_gradients(model, replicas, devs):
 ''',
     ],
     "scratch_ddp": [
-        # the cap read as 10^6 bytes, not MiB
-        r'''
-class ScratchDDP(nn.Module):
-    """Data parallelism by hand. Use: model = ScratchDDP(net); loss = f(model(x)); loss.backward();
-    model.finish(); opt.step()."""
-
-    def __init__(self, module, bucket_cap_mb=25.0):
-        super().__init__()
-        self.module = module
-        self.world_size = dist.get_world_size()
-        for t in list(module.parameters()) + list(module.buffers()):
-            dist.broadcast(t.data, src=0)              # every replica starts from rank 0's
-        self.buckets, current, size = [], [], 0
-        for p in reversed([p for p in module.parameters() if p.requires_grad]):
-            current.append(p)
-            size += p.numel() * p.element_size()
-            if size >= bucket_cap_mb * 1e6:             # full (MB): close it
-                self.buckets.append(current)
-                current, size = [], 0
-        if current:
-            self.buckets.append(current)
-        self.bucket_of = {p: i for i, bucket in enumerate(self.buckets) for p in bucket}
-        self.arrived, self.pending = [0] * len(self.buckets), {}
-        for p in self.bucket_of:
-            p.register_post_accumulate_grad_hook(self._ready)
-
-    def forward(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
-
-    def _launch(self, i):
-        """Flatten bucket i's gradients (zeros where a parameter has none) and start its all-reduce."""
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.buckets[i]]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        self.pending[i] = (flat, dist.all_reduce(flat, async_op=True))
-
-    def _ready(self, p):
-        """The hook, run in backward once p.grad is final: launch p's bucket if it is now complete."""
-        i = self.bucket_of[p]
-        self.arrived[i] += 1
-        if self.arrived[i] == len(self.buckets[i]):
-            self._launch(i)                            # the bucket is complete: send it now
-
-    def finish(self):
-        """After backward: launch what is left, wait for every all-reduce, average into .grad."""
-        for i in range(len(self.buckets)):
-            if i not in self.pending:                  # a bucket with a parameter the forward skipped
-                self._launch(i)
-        for i, (flat, work) in self.pending.items():
-            work.wait()
-            flat /= self.world_size
-            offset = 0
-            for p in self.buckets[i]:
-                if p.grad is not None:
-                    p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
-                offset += p.numel()
-        self.arrived, self.pending = [0] * len(self.buckets), {}
-''',
-        # a bucket closed only above the cap, not at it
-        r'''
-class ScratchDDP(nn.Module):
-    """Data parallelism by hand. Use: model = ScratchDDP(net); loss = f(model(x)); loss.backward();
-    model.finish(); opt.step()."""
-
-    def __init__(self, module, bucket_cap_mb=25.0):
-        super().__init__()
-        self.module = module
-        self.world_size = dist.get_world_size()
-        for t in list(module.parameters()) + list(module.buffers()):
-            dist.broadcast(t.data, src=0)              # every replica starts from rank 0's
-        self.buckets, current, size = [], [], 0
-        for p in reversed([p for p in module.parameters() if p.requires_grad]):
-            current.append(p)
-            size += p.numel() * p.element_size()
-            if size > bucket_cap_mb * 2**20:           # over the cap: close it
-                self.buckets.append(current)
-                current, size = [], 0
-        if current:
-            self.buckets.append(current)
-        self.bucket_of = {p: i for i, bucket in enumerate(self.buckets) for p in bucket}
-        self.arrived, self.pending = [0] * len(self.buckets), {}
-        for p in self.bucket_of:
-            p.register_post_accumulate_grad_hook(self._ready)
-
-    def forward(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
-
-    def _launch(self, i):
-        """Flatten bucket i's gradients (zeros where a parameter has none) and start its all-reduce."""
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.buckets[i]]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        self.pending[i] = (flat, dist.all_reduce(flat, async_op=True))
-
-    def _ready(self, p):
-        """The hook, run in backward once p.grad is final: launch p's bucket if it is now complete."""
-        i = self.bucket_of[p]
-        self.arrived[i] += 1
-        if self.arrived[i] == len(self.buckets[i]):
-            self._launch(i)                            # the bucket is complete: send it now
-
-    def finish(self):
-        """After backward: launch what is left, wait for every all-reduce, average into .grad."""
-        for i in range(len(self.buckets)):
-            if i not in self.pending:                  # a bucket with a parameter the forward skipped
-                self._launch(i)
-        for i, (flat, work) in self.pending.items():
-            work.wait()
-            flat /= self.world_size
-            offset = 0
-            for p in self.buckets[i]:
-                if p.grad is not None:
-                    p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
-                offset += p.numel()
-        self.arrived, self.pending = [0] * len(self.buckets), {}
-''',
-        # 4 bytes a number whatever the dtype
-        r'''
-class ScratchDDP(nn.Module):
-    """Data parallelism by hand. Use: model = ScratchDDP(net); loss = f(model(x)); loss.backward();
-    model.finish(); opt.step()."""
-
-    def __init__(self, module, bucket_cap_mb=25.0):
-        super().__init__()
-        self.module = module
-        self.world_size = dist.get_world_size()
-        for t in list(module.parameters()) + list(module.buffers()):
-            dist.broadcast(t.data, src=0)              # every replica starts from rank 0's
-        self.buckets, current, size = [], [], 0
-        for p in reversed([p for p in module.parameters() if p.requires_grad]):
-            current.append(p)
-            size += 4 * p.numel()                      # fp32 gradients: 4 bytes each
-            if size >= bucket_cap_mb * 2**20:          # full: close it, as DDP does
-                self.buckets.append(current)
-                current, size = [], 0
-        if current:
-            self.buckets.append(current)
-        self.bucket_of = {p: i for i, bucket in enumerate(self.buckets) for p in bucket}
-        self.arrived, self.pending = [0] * len(self.buckets), {}
-        for p in self.bucket_of:
-            p.register_post_accumulate_grad_hook(self._ready)
-
-    def forward(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
-
-    def _launch(self, i):
-        """Flatten bucket i's gradients (zeros where a parameter has none) and start its all-reduce."""
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.buckets[i]]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        self.pending[i] = (flat, dist.all_reduce(flat, async_op=True))
-
-    def _ready(self, p):
-        """The hook, run in backward once p.grad is final: launch p's bucket if it is now complete."""
-        i = self.bucket_of[p]
-        self.arrived[i] += 1
-        if self.arrived[i] == len(self.buckets[i]):
-            self._launch(i)                            # the bucket is complete: send it now
-
-    def finish(self):
-        """After backward: launch what is left, wait for every all-reduce, average into .grad."""
-        for i in range(len(self.buckets)):
-            if i not in self.pending:                  # a bucket with a parameter the forward skipped
-                self._launch(i)
-        for i, (flat, work) in self.pending.items():
-            work.wait()
-            flat /= self.world_size
-            offset = 0
-            for p in self.buckets[i]:
-                if p.grad is not None:
-                    p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
-                offset += p.numel()
-        self.arrived, self.pending = [0] * len(self.buckets), {}
-''',
-        # a bucket launched when its last-listed parameter arrives, not when all have
-        r'''
-class ScratchDDP(nn.Module):
-    """Data parallelism by hand. Use: model = ScratchDDP(net); loss = f(model(x)); loss.backward();
-    model.finish(); opt.step()."""
-
-    def __init__(self, module, bucket_cap_mb=25.0):
-        super().__init__()
-        self.module = module
-        self.world_size = dist.get_world_size()
-        for t in list(module.parameters()) + list(module.buffers()):
-            dist.broadcast(t.data, src=0)              # every replica starts from rank 0's
-        self.buckets, current, size = [], [], 0
-        for p in reversed([p for p in module.parameters() if p.requires_grad]):
-            current.append(p)
-            size += p.numel() * p.element_size()
-            if size >= bucket_cap_mb * 2**20:          # full: close it, as DDP does
-                self.buckets.append(current)
-                current, size = [], 0
-        if current:
-            self.buckets.append(current)
-        self.bucket_of = {p: i for i, bucket in enumerate(self.buckets) for p in bucket}
-        self.arrived, self.pending = [0] * len(self.buckets), {}
-        for p in self.bucket_of:
-            p.register_post_accumulate_grad_hook(self._ready)
-
-    def forward(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
-
-    def _launch(self, i):
-        """Flatten bucket i's gradients (zeros where a parameter has none) and start its all-reduce."""
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.buckets[i]]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        self.pending[i] = (flat, dist.all_reduce(flat, async_op=True))
-
-    def _ready(self, p):
-        """The hook, run in backward once p.grad is final: launch p's bucket if it is now complete."""
-        i = self.bucket_of[p]
-        # buckets hold the parameters in reverse order, the order backward produces them:
-        # the bucket is complete when its last parameter's gradient arrives
-        if p is self.buckets[i][-1]:
-            self._launch(i)
-
-    def finish(self):
-        """After backward: launch what is left, wait for every all-reduce, average into .grad."""
-        for i in range(len(self.buckets)):
-            if i not in self.pending:                  # a bucket with a parameter the forward skipped
-                self._launch(i)
-        for i, (flat, work) in self.pending.items():
-            work.wait()
-            flat /= self.world_size
-            offset = 0
-            for p in self.buckets[i]:
-                if p.grad is not None:
-                    p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
-                offset += p.numel()
-        self.arrived, self.pending = [0] * len(self.buckets), {}
-''',
+        scratch(full="size >= bucket_cap_mb * 1e6"),  # the cap read as 10^6 bytes, not MiB
+        scratch(full="size > bucket_cap_mb * 2**20"),  # closed only above the cap, not at it
+        scratch(size="size += 4 * p.numel()"),  # 4 bytes a number whatever the dtype
+        scratch(  # launched when its last-listed parameter arrives, not when all have
+            ready="""if p is self.buckets[i][-1]:
+            self._launch(i)"""
+        ),
     ],
 }
 for _gid, _more in SWEPT.items():
