@@ -63,6 +63,7 @@ LARS_RIGHT = {
     "norms": "w_norm, g_norm = p.norm(), d.norm()",
     "ratio": "trust * w_norm / (g_norm + wd * w_norm) if w_norm > 0 and g_norm > 0 else 1.0",
     "step": "d = ratio * (d + wd * p)",
+    "velocity": 'v = self.state[p].setdefault("momentum", torch.zeros_like(p))',
     "update": """v.mul_(mom).add_(d)
                 p.sub_(lr * v)""",
 }
@@ -92,7 +93,7 @@ class LARS(torch.optim.Optimizer):
                     {body["norms"]}
                     ratio = {body["ratio"]}
                     {body["step"]}
-                v = self.state[p].setdefault("momentum", torch.zeros_like(p))
+                {body["velocity"]}
                 {body["update"]}
 """
 
@@ -245,57 +246,15 @@ def plan(global_batch, world_size, max_micro):
 ''',
     ],
     "lars": [
-        # the first velocity is the gradient tensor itself: rewritten when .grad is filled in place
-        r'''
-class LARS(torch.optim.Optimizer):
-    """SGD with momentum whose weight matrices step by trust * |p| / (|g| + wd * |p|) of the rate."""
-
-    def __init__(self, params, lr, momentum=0.9, weight_decay=0.0, trust=0.02):
-        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, trust=trust))
-
-    @torch.no_grad()
-    def step(self):
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                d = p.grad
-                if p.ndim > 1:
-                    wd = group["weight_decay"]
-                    w_norm, g_norm = p.norm(), d.norm()
-                    ratio = group["trust"] * w_norm / (g_norm + wd * w_norm) if w_norm > 0 and g_norm > 0 else 1.0
-                    d = ratio * (d + wd * p)
-                state = self.state[p]
-                if "momentum" not in state:
-                    state["momentum"] = d                 # v = momentum * 0 + d: the first velocity is d
-                else:
-                    state["momentum"].mul_(group["momentum"]).add_(d)
-                p.sub_(group["lr"] * state["momentum"])
-''',
+        lars(  # the first velocity is the gradient tensor itself: rewritten when .grad is filled in place
+            velocity="""first = "momentum" not in self.state[p]
+                v = self.state[p].setdefault("momentum", d)""",
+            update="""if not first:
+                    v.mul_(mom).add_(d)
+                p.sub_(lr * v)""",
+        ),
         # the velocity in float32 on the CPU whatever the parameter: float64 weights drift
-        r'''
-class LARS(torch.optim.Optimizer):
-    """SGD with momentum whose weight matrices step by trust * |p| / (|g| + wd * |p|) of the rate."""
-
-    def __init__(self, params, lr, momentum=0.9, weight_decay=0.0, trust=0.02):
-        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, trust=trust))
-
-    @torch.no_grad()
-    def step(self):
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                d = p.grad
-                if p.ndim > 1:
-                    wd = group["weight_decay"]
-                    w_norm, g_norm = p.norm(), d.norm()
-                    ratio = group["trust"] * w_norm / (g_norm + wd * w_norm) if w_norm > 0 and g_norm > 0 else 1.0
-                    d = ratio * (d + wd * p)
-                v = self.state[p].setdefault("momentum", torch.zeros(p.shape))   # v starts at zero
-                v.mul_(group["momentum"]).add_(d)
-                p.sub_(group["lr"] * v)
-''',
+        lars(velocity='v = self.state[p].setdefault("momentum", torch.zeros(p.shape))'),
     ],
 }
 for _gid, _more in SWEPT.items():
