@@ -7,7 +7,8 @@
   ``benchmark_collectives`` and ``benchmark_spread`` (bench), ``bandwidth``, ``costmodel``,
   ``memory_limit`` and ``memory.track`` (memory), ``sharding`` (ZeRO / FSDP),
   ``large_batch`` (a global batch on any
-  number of ranks, accumulation), ``pipeline`` (schedules, a send/recv engine, the bubble), ``tensor_parallel`` (Megatron's
+  number of ranks, accumulation), ``noise_scale`` (the gradient noise scale, the critical
+  batch) and ``stability`` (sharpness, trust ratios), ``pipeline`` (schedules, a send/recv engine, the bubble), ``tensor_parallel`` (Megatron's
   MLP), ``zoo`` (torchvision's classifiers timed per
   step, a sweep point notebook), ``profiling`` (torch.profiler on DDP), ``multinode``
   (torchrun agents as nodes), ``plots``; ``probe.support_table()``: which backend runs which
@@ -45,9 +46,11 @@ from helpers.measure.tracing import trace
 from helpers.parallel import (
     dataparallel,
     large_batch,
+    noise_scale,
     pipeline,
     ring,
     sharding,
+    stability,
     tensor_parallel,
 )
 from helpers.tools import multinode, profiling
@@ -104,10 +107,12 @@ __all__ = [
     "large_batch",
     "models",
     "multinode",
+    "noise_scale",
     "pipeline",
     "ring",
     "scaling",
     "sharding",
+    "stability",
     "tensor_parallel",
     "memcpy_bandwidth",
     "memory",

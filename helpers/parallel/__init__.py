@@ -1,4 +1,5 @@
 """The parallel building blocks the lectures take apart: the ring all-reduce (``ring``), DP and
 DDP from scratch (``dataparallel``), ZeRO / FSDP (``sharding``), pipeline schedules
 (``pipeline``), Megatron's tensor-parallel MLP (``tensor_parallel``), a global batch on any
-number of ranks (``large_batch``). Built on measure, launcher and workloads."""
+number of ranks (``large_batch``), the noise scale and critical batch (``noise_scale``), how large
+a step may be (``stability``). Built on measure, launcher and workloads."""

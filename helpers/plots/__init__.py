@@ -6,7 +6,7 @@ Times in seconds, sizes in bytes, bandwidth in GB/s (1 GB = 1e9 bytes), as every
 
 from helpers.plots.collectives import alpha_beta, busbw, collective, ring
 from helpers.plots.data_parallel import comm_bars, overlap, predicted_vs_measured, speedup, timeline
-from helpers.plots.large_batch import batch_accuracy
+from helpers.plots.large_batch import batch_accuracy, critical_batch, sharpness
 from helpers.plots.memory import MEMORY_COLORS, heatmap, memory_per_rank, memory_phases, zero_stages
 from helpers.plots.model_parallel import PIPELINE_COLORS, mesh, pipeline, strategies
 from helpers.plots.setup import device_model
@@ -33,5 +33,7 @@ __all__ = [
     "strategies",
     "mesh",
     "batch_accuracy",
+    "critical_batch",
+    "sharpness",
     "profile_timeline",
 ]

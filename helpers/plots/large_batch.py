@@ -1,4 +1,5 @@
-"""Lab 05: accuracy against the global batch."""
+"""Large batches: accuracy against the global batch (lab 05); the critical batch and the
+sharpness along a run (lecture 05)."""
 
 from __future__ import annotations
 
@@ -42,4 +43,54 @@ def batch_accuracy(
     seeds = sorted({r["seed"] for r in rows})
     ax.set_title(f"median over seeds {seeds}; bars: worst to best seed", fontsize=9)
     ax.legend(fontsize=8)
+    return ax
+
+
+def critical_batch(batches, steps, fit: dict, axes=None):
+    """Lecture 05: steps to a target loss against the batch (left) and the samples that took
+    (right), measured points beside McCandlish et al.'s S = S_min (1 + B_crit / B) and its
+    E = E_min (1 + B / B_crit), both from ``fit`` (noise_scale.fit_steps). Two Axes."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    b = np.asarray(batches, dtype=float)
+    s = np.asarray(steps, dtype=float)
+    grid = np.geomspace(b.min() / 2, b.max() * 2, 100)
+    model = fit["s_min"] * (1 + fit["b_crit"] / grid)
+    left, right = axes
+    left.plot(b, s, "o", label="measured")
+    left.plot(grid, model, "-", label="S_min (1 + B_crit / B)")
+    left.axhline(fit["s_min"], color="grey", ls=":", lw=0.8, label="S_min")
+    left.set_ylabel("steps to the target loss")
+    right.plot(b, s * b, "o", label="measured")
+    right.plot(grid, model * grid, "-", label="E_min (1 + B / B_crit)")
+    right.axhline(fit["e_min"], color="grey", ls=":", lw=0.8, label="E_min")
+    right.set_ylabel("samples to the target loss")
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.axvline(fit["b_crit"], color="C3", ls="--", lw=0.8, label="B_crit (fit)")
+        ax.set_xlabel("batch B (log)")
+        ax.legend(fontsize=8)
+    return axes
+
+
+def sharpness(steps, sharp, losses, lr: float, momentum: float = 0.0, ax=None):
+    """Lecture 05: the top Hessian eigenvalue along a run (log scale) with the stability bound
+    2(1 + momentum)/lr it is compared with, and the loss on a second axis."""
+    ax = _axes(ax, figsize=(8, 3.5))
+    ax.plot(steps, sharp, "o-", color="C0", label="sharpness λ_max")
+    bound = 2 * (1 + momentum) / lr
+    ax.axhline(bound, color="C3", ls="--", label=f"2(1+μ)/lr = {bound:g}")
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("λ_max (log)")
+    other = ax.twinx()
+    other.plot(steps, losses, "s:", color="C2", label="loss")
+    other.set_ylabel("training loss")
+    lines = ax.get_legend_handles_labels()
+    more = other.get_legend_handles_labels()
+    ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=8, loc="upper right")
     return ax
