@@ -38,17 +38,28 @@ def per_example_grads(model, x, y, loss=None):
     return torch.cat([grads[k].reshape(len(x), -1) for k in params], dim=1).double()
 
 
-def simple_noise_scale(grads) -> dict:
-    """From per-example gradients (N, P): unbiased estimates of tr(Σ) (the sample covariance's
-    trace) and of |G|² (the squared mean, less its own noise tr(Σ)/N), and their ratio
-    B_simple. ``b_simple`` is inf when the estimate of |G|² is not positive (the mean gradient is
-    lost in the noise of N samples: take more)."""
+def simple_noise_scale(grads, population: int | None = None) -> dict:
+    """From per-example gradients (n, P): estimates of tr(Σ) and |G|², and their ratio B_simple.
+
+    ``population=None``: the rows are independent draws (with replacement) from the gradient
+    distribution; tr(Σ) is the sample covariance's trace and |G|² the squared mean less its own
+    noise tr(Σ)/n, both unbiased. ``population=N``: the rows are n distinct samples of a training
+    set of N (drawn without replacement, or all of it): Σ is then the set's own covariance
+    (1/N), the sample mean's noise shrinks by (N - n)/(N - 1), and with n = N the mean *is* G.
+    ``b_simple`` is inf when the estimate of |G|² is not positive (the mean gradient is lost in
+    the noise of n samples: take more)."""
     n = len(grads)
     if n < 2:
         raise ValueError(f"the noise scale needs at least 2 per-example gradients, got {n}")
+    if population is not None and not n <= population:
+        raise ValueError(f"{n} distinct samples cannot come from a population of {population}")
     mean = grads.mean(0)
     trace = ((grads - mean) ** 2).sum(1).sum().item() / (n - 1)
-    g2 = (mean @ mean).item() - trace / n
+    if population is None:
+        g2 = (mean @ mean).item() - trace / n
+    else:
+        trace *= (population - 1) / population  # E[sample covariance] = Σ N/(N-1)
+        g2 = (mean @ mean).item() - trace / n * (population - n) / (population - 1)
     return {
         "trace": trace,
         "g2": g2,

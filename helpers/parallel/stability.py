@@ -25,8 +25,10 @@ def _flat(tensors):
 def top_hessian_eigenvalue(model, loss_fn, iters: int = 30, seed: int = 0) -> float:
     """λ_max of the Hessian of ``loss_fn(model)`` (a scalar) with respect to the parameters, by
     power iteration on Hessian-vector products (double backward; the Hessian is never built).
-    For a network the top eigenvalue is positive near a minimum; power iteration finds the
-    largest in magnitude, which is what bounds gradient descent's step either way."""
+    Power iteration finds the eigenvalue largest in *magnitude*; the step bound 2/λ needs the
+    largest positive one. Near a minimum they are the same; a negative result means a direction
+    of negative curvature dominates, and 2/λ then bounds nothing (the caller should say so).
+    Few iterations underestimate |λ| when the top two eigenvalues are close."""
     import torch
 
     params = [p for p in model.parameters() if p.requires_grad]

@@ -127,3 +127,30 @@ def test_steps_to_loss_is_the_first_look_below_the_target():
     # unreachable, and diverging: None, never a step count
     assert ns.steps_to_loss(_model, data, 16, 0.5, target=0.0, max_steps=20) is None
     assert ns.steps_to_loss(_model, data, 16, 1e6, target=0.1, max_steps=200) is None
+
+
+def test_a_whole_training_set_has_no_sampling_noise_in_its_mean():
+    # all N samples: the mean is G exactly, and tr(Σ) is the set's own (1/N) covariance trace
+    grads = _synthetic(50, seed=3)
+    est = ns.simple_noise_scale(grads, population=50)
+    mean = grads.mean(0)
+    assert est["g2"] == pytest.approx((mean @ mean).item())
+    assert est["trace"] == pytest.approx(((grads - mean) ** 2).sum().item() / 50)
+    with pytest.raises(ValueError, match="population of 40"):
+        ns.simple_noise_scale(grads, population=40)
+
+
+def test_samples_drawn_without_replacement_are_corrected_for_the_finite_set():
+    # a set of N = 64 gradients; many draws of n = 16 distinct ones: the corrected estimates
+    # average to the set's own |G|² and tr(Σ) (the i.i.d. formulas would not)
+    population = _synthetic(64, seed=11)
+    mean = population.mean(0)
+    true_g2 = (mean @ mean).item()
+    true_trace = ((population - mean) ** 2).sum().item() / 64
+    gen = torch.Generator().manual_seed(0)
+    runs = [
+        ns.simple_noise_scale(population[torch.randperm(64, generator=gen)[:16]], population=64)
+        for _ in range(4000)
+    ]
+    assert sum(r["g2"] for r in runs) / len(runs) == pytest.approx(true_g2, abs=0.02)
+    assert sum(r["trace"] for r in runs) / len(runs) == pytest.approx(true_trace, rel=0.02)
