@@ -25,17 +25,47 @@ def test_the_chance_of_disjoint_ranges_is_counted_exactly(n, m):
     assert findings.chance_separated(n, m) == pytest.approx(min(1.0, disjoint / len(splits)))
 
 
-def test_lehrs_rule_gives_about_an_80_percent_chance_to_see_the_difference():
+def test_lehrs_rule_gives_the_rank_test_about_an_80_percent_chance_to_see_the_difference():
+    # the repeats it asks for are the repeats *its own* verdict needs: the rank test at 0.1
     rng = np.random.default_rng(0)
     c, d = 0.10, 0.10
     n = findings.repeats_needed(c, d)
-    assert n == 16
+    assert n == 13  # 2 (z_0.95 + z_0.8)^2 pi/3 = 12.95
     hits = 0
-    for _ in range(2000):
-        a = rng.normal(1.0, c, n)
-        b = rng.normal(1.0 + d, c, n)
-        hits += stats.ttest_ind(a, b).pvalue < 0.05
-    assert 0.74 < hits / 2000 < 0.86  # theory: 0.78 for a t-test at n = 16 (0.80 for z)
+    for _ in range(1000):
+        a = list(rng.normal(1.0, c, n))
+        b = list(rng.normal(1.0 + d, c, n))
+        hits += findings.compare({"a": a, "b": b}).verdict != "indistinguishable"
+    assert 0.72 < hits / 1000 < 0.88  # theory: about 0.80
+
+
+@pytest.mark.parametrize("n,m,seed", [(3, 3, 0), (4, 5, 1), (6, 6, 2), (8, 7, 3)])
+def test_the_rank_test_is_mann_whitneys_exact_test(n, m, seed):
+    rng = np.random.default_rng(seed)
+    a, b = list(rng.normal(0, 1, n)), list(rng.normal(0.8, 1, m))
+    u, p = findings.rank_test(a, b)
+    ref = stats.mannwhitneyu(a, b, alternative="two-sided", method="exact")
+    assert u == ref.statistic and p == pytest.approx(ref.pvalue)
+
+
+def test_the_rank_test_past_exact_counting_is_the_tie_corrected_normal_approximation():
+    rng = np.random.default_rng(4)
+    a = list(np.round(rng.normal(0, 1, 14), 1))  # rounded: ties
+    b = list(np.round(rng.normal(0.5, 1, 15), 1))
+    u, p = findings.rank_test(a, b)
+    ref = stats.mannwhitneyu(a, b, alternative="two-sided", method="asymptotic")
+    assert u == ref.statistic and p == pytest.approx(ref.pvalue, rel=1e-6)
+
+
+def test_disjoint_ranges_have_the_chance_counted_for_them_and_more_repeats_can_separate_overlap():
+    a, b = [1.0, 1.1, 1.2, 1.3], [2.0, 2.1, 2.2, 2.3]
+    assert findings.rank_test(a, b)[1] == pytest.approx(findings.chance_separated(4, 4))
+    # nine against nine, one repeat of each on the wrong side of the other: no longer a tie
+    a = [1.0, 1.01, 1.02, 1.03, 1.04, 1.05, 1.06, 1.07, 1.5]
+    b = [1.45, 1.6, 1.61, 1.62, 1.63, 1.64, 1.65, 1.66, 1.67]
+    f = findings.compare({"a": a, "b": b}, "s")
+    assert f.verdict == "a better" and "fall the other way" in f.text and "rank test" in f.text
+    assert f.numbers["chance"] < 0.01
 
 
 def test_separated_repeats_give_a_verdict_with_the_ratio_and_its_range():
@@ -68,7 +98,7 @@ def test_overlapping_ranges_are_a_tie_with_the_repeats_that_would_settle_it():
     assert "indistinguishable here" in f.text and "the ranges overlap" in f.text
     c = (np.std(a, ddof=1) / np.mean(a) + np.std(b, ddof=1) / np.mean(b)) / 2
     d = abs(np.median(a) - np.median(b)) / np.mean([np.median(a), np.median(b)])
-    assert f.numbers["repeats_needed"] == math.ceil(16 * c * c / (d * d))
+    assert f.numbers["repeats_needed"] == math.ceil(findings.LEHR * c * c / (d * d))
     assert f"{f.numbers['repeats_needed']} repeats each" in f.text
 
 
