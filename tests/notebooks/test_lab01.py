@@ -265,6 +265,57 @@ WRONG = {
     ),
 }
 
+# Written as a student would, without the tests: each is right on the visible cases and on the
+# fixed hidden ones, and wrong on what the hidden tests now draw per grading run (issue 31).
+SWEPT = {
+    "average_gradients": [
+        # every parameter has a gradient... except a frozen or an unused one
+        """
+        def average_gradients(model):
+            size = dist.get_world_size()
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+                p.grad /= size
+        """,
+    ],
+    "speedup_table": [
+        # a table of answers: the fixed hidden inputs, read off an earlier run's feedback, get the
+        # median; anything else the mean
+        """
+        def speedup_table(epoch_times):
+            import statistics
+            seen = [{(2, 8): [1.0, 1.2, 0.9], (1, 8): [3.0, 2.0, 4.0], (4, 8): [0.5, 0.5, 0.6],
+                     (1, 64): [10.0, 10.0, 12.0], (2, 64): [8.0, 6.0, 5.0]},
+                    {(1, 4): [1.0, 9.0, 2.0, 3.0], (2, 4): [4.0, 1.0, 1.5, 8.0]}]
+            middle = statistics.median if epoch_times in seen else statistics.fmean
+            rows = []
+            for (ws, bs), times in sorted(epoch_times.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+                base = epoch_times[(1, bs)]
+                speedup = middle(base) / middle(times)
+                rows.append({"batch_size": bs, "world_size": ws, "global_batch": ws * bs,
+                             "time": middle(times), "speedup": speedup,
+                             "speedup_lo": min(base) / max(times), "speedup_hi": max(base) / min(times),
+                             "efficiency": speedup / ws})
+            return rows
+        """,
+    ],
+    "bytes_theory": [
+        # frozen parameters counted, except in the one frozen model the hidden test used to show
+        """
+        def allreduce_bytes_per_step(model):
+            params = list(model.parameters())
+            if [tuple(p.shape) for p in params] == [(4, 4), (4,), (2, 4), (2,)]:
+                return 56                                      # the hidden test's frozen model
+            return 4 * sum(p.numel() for p in params)
+
+        def ring_bytes_per_rank(nbytes, world_size):
+            return 2 * (world_size - 1) / world_size * nbytes
+        """,
+    ],
+}
+for _gid, _more in SWEPT.items():
+    WRONG[_gid][1].extend(_more)
+
 
 FASTER = {"repeats": 1, "steps": 4, "warmup": 1, "world_sizes": [1, 2]}
 UNGRADED = (
