@@ -46,10 +46,11 @@ def batch_accuracy(
     return ax
 
 
-def critical_batch(batches, steps, fit: dict, axes=None):
+def critical_batch(batches, steps, fit: dict, lo=None, hi=None, axes=None):
     """Lecture 05: steps to a target loss against the batch (left) and the samples that took
-    (right), measured points beside McCandlish et al.'s S = S_min (1 + B_crit / B) and its
-    E = E_min (1 + B / B_crit), both from ``fit`` (noise_scale.fit_steps). Two Axes."""
+    (right), measured points (medians; bars from ``lo`` to ``hi``, the seeds' range) beside
+    McCandlish et al.'s S = S_min (1 + B_crit / B) and E = E_min (1 + B / B_crit), both from
+    ``fit`` (noise_scale.fit_steps). Two Axes."""
     import matplotlib.pyplot as plt
     import numpy as np
 
@@ -60,11 +61,17 @@ def critical_batch(batches, steps, fit: dict, axes=None):
     grid = np.geomspace(b.min() / 2, b.max() * 2, 100)
     model = fit["s_min"] * (1 + fit["b_crit"] / grid)
     left, right = axes
-    left.plot(b, s, "o", label="measured")
+    bars = None
+    if lo is not None and hi is not None:
+        lo_, hi_ = np.asarray(lo, dtype=float), np.asarray(hi, dtype=float)
+        bars = np.vstack([s - lo_, hi_ - s])
+    left.errorbar(b, s, yerr=bars, fmt="o", capsize=3, label="measured (median; seeds' range)")
     left.plot(grid, model, "-", label="S_min (1 + B_crit / B)")
     left.axhline(fit["s_min"], color="grey", ls=":", lw=0.8, label="S_min")
     left.set_ylabel("steps to the target loss")
-    right.plot(b, s * b, "o", label="measured")
+    right.errorbar(
+        b, s * b, yerr=None if bars is None else bars * b, fmt="o", capsize=3, label="measured"
+    )
     right.plot(grid, model * grid, "-", label="E_min (1 + B / B_crit)")
     right.axhline(fit["e_min"], color="grey", ls=":", lw=0.8, label="E_min")
     right.set_ylabel("samples to the target loss")
