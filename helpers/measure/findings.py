@@ -3,7 +3,7 @@
 A number measured on a shared 2-core machine moves every time the notebook is run again, and a
 sentence typed beside it does not. So a comparison, an ordering or a fit is stated by these
 functions from the samples themselves (repeats, seeds, steps): the value with its range, a
-difference only where the ranges are separated, "indistinguishable here" where they are not
+difference only where the repeats separate them, "indistinguishable here" where they do not
 (a tie is a tie), and how many repeats would settle it. In a notebook the result shows as a
 Markdown sentence; ``str()`` gives the same sentence as plain text, for a print.
 
@@ -30,8 +30,15 @@ from dataclasses import dataclass, field
 
 MAX_CHANCE = 0.1  # the most a "separated" verdict may owe to chance (see the module doc)
 # Lehr's constant for a two-sided test at MAX_CHANCE with 80 % power, over the rank test's
-# efficiency 3/π: 2 (1.6449 + 0.8416)² π / 3 ≈ 12.95
-LEHR = 2 * (1.6449 + 0.8416) ** 2 * math.pi / 3
+# efficiency against a t-test on normal data, 3/π: 2 (z_0.95 + z_0.8)² π / 3 ≈ 12.95
+LEHR = (
+    2
+    * (statistics.NormalDist().inv_cdf(1 - MAX_CHANCE / 2) + statistics.NormalDist().inv_cdf(0.8))
+    ** 2
+    * math.pi
+    / 3
+)
+LEHR_RULE = f"{LEHR:.0f}c²/d², Lehr's rule for this test"  # how the advice is printed
 EXACT_SPLITS = 20_000  # up to this many splits the rank test's chance is counted exactly
 R2_FLOOR = 0.9  # below it a fit describes no trend worth extrapolating
 
@@ -182,12 +189,14 @@ def compare(samples: dict, unit: str = "", better: str = "lower", what: str = ""
     numbers = {"a": ma, "b": mb, "ratio": ma / mb if mb else math.inf}
     u_stat, chance = rank_test(a, b)
     disjoint = max(a) < min(b) or max(b) < min(a)
-    against = min(u_stat, len(a) * len(b) - u_stat)  # pairs in the other order than the medians
+    against = min(u_stat, len(a) * len(b) - u_stat)  # pairs in the other order (ties: halves)
+    # the rank test's direction must be the medians' (they can disagree: a long tail on one side)
+    agree = ma != mb and (ma < mb) == (u_stat < len(a) * len(b) / 2)
     c = statistics.fmean([cv(a), cv(b)])  # nan when either was run once: no spread known
     d = abs(ma - mb) / statistics.fmean([abs(ma), abs(mb)]) if (ma or mb) else 0.0
     need = repeats_needed(c, d)
     numbers.update(chance=chance, cv=c, rel_diff=d, repeats_needed=need)
-    if chance <= MAX_CHANCE:
+    if chance <= MAX_CHANCE and agree:
         a_wins = (ma < mb) == (better == "lower")
         win, lose = (na, nb) if a_wins else (nb, na)
         good, _ = _words(unit, better)
@@ -204,7 +213,8 @@ def compare(samples: dict, unit: str = "", better: str = "lower", what: str = ""
             )
         else:
             how = (
-                f"{fmt(against, 2)} of the {len(a) * len(b)} pairs of repeats fall the other way "
+                f"{against:g} of the {len(a) * len(b)} pairs of repeats fall the other way (a tie "
+                "counts a half) "
                 f"(chance of a split this lopsided with no real difference: {chance:.2g}, a rank "
                 "test)"
             )
@@ -214,7 +224,12 @@ def compare(samples: dict, unit: str = "", better: str = "lower", what: str = ""
             + f"{how}."
         )
         return Finding(text, f"{win} better", numbers)
-    if disjoint:
+    if chance <= MAX_CHANCE:  # separated by rank, but against the medians' order
+        why = (
+            f"a rank test separates them (chance {chance:.2g}), but not in the order of their "
+            "medians (equal or reversed): the two differ in shape, not simply in level"
+        )
+    elif disjoint:
         why = (
             f"the ranges do not overlap, but with {len(a)} and {len(b)} repeats that happens "
             f"by chance {chance:.0%} of the time"
@@ -230,7 +245,7 @@ def compare(samples: dict, unit: str = "", better: str = "lower", what: str = ""
     elif need is not None:
         more = (
             f" Telling a {_pct(d)} difference apart at this noise (c ≈ {_pct(c)}) would take about "
-            f"{need} repeats each (13c²/d², Lehr's rule for this test)."
+            f"{need} repeats each ({LEHR_RULE})."
         )
     elif not math.isfinite(c):
         more = " One run each measures no spread: repeat each configuration at least 3 times."
@@ -266,7 +281,7 @@ def _ratio_range(big: list[float], small: list[float]) -> tuple[float, float]:
 
 
 def order(samples: dict, unit: str = "", highest_first: bool = False, what: str = "") -> Finding:
-    """Several configurations sorted by median, grouped as far as their ranges separate them.
+    """Several configurations sorted by median, grouped as far as the rank test separates them.
 
     Every configuration in a group is separated (see the module doc) from every configuration in
     every other group. A group is joined through overlaps, so two of its members can still be
@@ -325,7 +340,10 @@ def order(samples: dict, unit: str = "", highest_first: bool = False, what: str 
 
 
 def _separated(a: list[float], b: list[float]) -> bool:
-    return rank_test(a, b)[1] <= MAX_CHANCE
+    """The rank test's verdict, in the direction of the medians (as compare() states it)."""
+    u_stat, chance = rank_test(a, b)
+    ma, mb = statistics.median(a), statistics.median(b)
+    return chance <= MAX_CHANCE and ma != mb and (ma < mb) == (u_stat < len(a) * len(b) / 2)
 
 
 def fit(name: str, r2: float, floor: float = R2_FLOOR) -> Finding:

@@ -195,3 +195,20 @@ def test_ranges_separated_beyond_three_digits_are_printed_apart():
     assert "GPipe 0.5012 (0.5012–0.5012) against 1F1B 0.5013 (0.5013–0.5014)" in str(f)
     overlapping = findings.compare({"a": [1.0, 1.1, 1.2], "b": [1.1, 1.2, 1.3]})
     assert "1.10 (1.00–1.20) against 1.20 (1.10–1.30)" in str(overlapping)  # 3 digits as before
+
+
+def test_a_rank_verdict_against_the_medians_order_is_no_verdict():
+    # a tail on one side: the rank test separates them, but the medians are equal
+    a, b = [5, 5, 5, 5, 5, 6, 7, 8, 9], [1, 2, 3, 4, 5, 5, 5, 5, 5]
+    assert findings.rank_test(a, b)[1] <= findings.MAX_CHANCE
+    f = findings.compare({"a": a, "b": b}, "s")
+    assert f.verdict == "indistinguishable" and "not in the order of their medians" in f.text
+    assert findings.order({"a": a, "b": b}).verdict == "indistinguishable"
+
+
+def test_lehrs_constant_follows_the_chance_the_verdicts_allow():
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf
+    assert findings.LEHR == pytest.approx(2 * (z(0.95) + z(0.8)) ** 2 * math.pi / 3)
+    assert findings.LEHR_RULE.startswith("13c²/d²")
