@@ -11,6 +11,7 @@ from __future__ import annotations
 import matplotlib
 import nbformat
 import pytest
+from recorded import outputs as recorded_outputs
 
 from course.syllabus import REPO
 from helpers import plots
@@ -19,15 +20,6 @@ from helpers.parallel import pipeline as pp
 matplotlib.use("Agg")
 
 PATH = REPO / "lectures" / "04_model_pipeline_tensor.ipynb"
-
-
-def _outputs(nb) -> str:
-    return "\n".join(
-        str(o.get("data", {}).get("text/plain", "")) + str(o.get("text", ""))
-        for c in nb.cells
-        if c.cell_type == "code"
-        for o in c.outputs
-    )
 
 
 def test_lecture04_checks_its_figures_with_nbval():
@@ -42,14 +34,14 @@ def test_lecture04_checks_its_figures_with_nbval():
 
 
 def test_lecture04_measures_the_bubble_against_theory():
-    outputs = _outputs(nbformat.read(PATH, as_version=4))
+    outputs = recorded_outputs(nbformat.read(PATH, as_version=4))
     assert "theory (p-1)/(m+p-1)" in outputs and "measured (median)" in outputs
     assert "min" in outputs and "max" in outputs
     assert "idle share = (p-1)/(m+p-1) at all 18 settings: True" in outputs  # the simulation
 
 
 def test_lecture04_shows_tensor_parallelism_equal_to_one_device_and_its_bytes():
-    outputs = _outputs(nbformat.read(PATH, as_version=4))
+    outputs = recorded_outputs(nbformat.read(PATH, as_version=4))
     assert outputs.count("output and gradients equal the dense MLP's: True") == 2  # both ranks
     assert "forward [('all_reduce', 32768)], backward [('all_reduce', 32768)]" in outputs
     assert "TP all-reduce bytes" in outputs and "DP all-reduce bytes" in outputs
@@ -70,7 +62,7 @@ def test_lecture04_shows_pytorchs_building_blocks():
         "widgets.interactive",
     ):
         assert name in text, name
-    outputs = _outputs(nb)
+    outputs = recorded_outputs(nb)
     assert "PipelineStage + ScheduleGPipe: 4 micro-batch losses" in outputs
     assert "pipeline() + Schedule1F1B: 4 micro-batch losses" in outputs
     assert (

@@ -10,6 +10,7 @@ the estimators and the sharpness are tested against theory in tests/parallel.)
 from __future__ import annotations
 
 import nbformat
+from recorded import outputs
 
 from course.syllabus import REPO
 
@@ -18,17 +19,6 @@ PATH = REPO / "lectures" / "05_large_batch.ipynb"
 
 def _nb():
     return nbformat.read(PATH, as_version=4)
-
-
-def _outputs(nb) -> str:
-    return "\n".join(
-        str(o.get("data", {}).get("text/plain", ""))
-        + str(o.get("data", {}).get("text/markdown", ""))
-        + str(o.get("text", ""))
-        for c in nb.cells
-        if c.cell_type == "code"
-        for o in c.outputs
-    )
 
 
 def test_lecture05_checks_its_exact_results_with_nbval_and_never_a_timing():
@@ -41,7 +31,7 @@ def test_lecture05_checks_its_exact_results_with_nbval_and_never_a_timing():
 
 
 def test_lecture05_shows_the_bounds_and_the_equalities_it_claims():
-    out = _outputs(_nb())
+    out = outputs(_nb())
     # the curvature bound, on both sides, with and without momentum
     assert out.count("(converging)") == 2 and out.count("(diverging)") == 2
     assert "PyTorch SGD equals the corrected form: True" in out
@@ -52,7 +42,7 @@ def test_lecture05_shows_the_bounds_and_the_equalities_it_claims():
 
 
 def test_lecture05_measures_the_noise_scale_two_ways_and_fits_the_critical_batch():
-    out = _outputs(_nb())
+    out = outputs(_nb())
     assert "data parallel: 2 ranks x" in out and "per-example gradients, all" in out
     assert "the per-example value" in out and "that range" in out
     assert "S = S_min (1 + B_crit / B)" in out and "R² =" in out

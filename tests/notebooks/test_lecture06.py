@@ -10,6 +10,7 @@ busbw's factor and the findings rules are tested in tests/measure.)
 from __future__ import annotations
 
 import nbformat
+from recorded import outputs
 
 from course.syllabus import REPO
 
@@ -18,17 +19,6 @@ PATH = REPO / "lectures" / "06_measuring.ipynb"
 
 def _nb():
     return nbformat.read(PATH, as_version=4)
-
-
-def _outputs(nb) -> str:
-    return "\n".join(
-        str(o.get("data", {}).get("text/plain", ""))
-        + str(o.get("data", {}).get("text/markdown", ""))
-        + str(o.get("text", ""))
-        for c in nb.cells
-        if c.cell_type == "code"
-        for o in c.outputs
-    )
 
 
 def test_lecture06_checks_only_what_is_exact():
@@ -41,7 +31,7 @@ def test_lecture06_checks_only_what_is_exact():
 
 
 def test_lecture06_figures_stand_beside_their_theory():
-    out = _outputs(_nb())
+    out = outputs(_nb())
     assert "equal to the count: True" in out  # 6ΨB less the first layer's input gradient
     assert "parameters: True)" in out  # bytes per step = 4 x parameters
     assert "busbw factor for all_reduce on 2 ranks: 1" in out
@@ -50,7 +40,7 @@ def test_lecture06_figures_stand_beside_their_theory():
 
 
 def test_lecture06_prints_its_comparisons_from_the_data():
-    out = _outputs(_nb())
+    out = outputs(_nb())
     # the instrument checked against itself, and each comparison a findings sentence
     assert "**A** and **A again**" in out or "**A again**" in out
     assert "(step time, strong scaling)" in out and "(step time, weak scaling)" in out
