@@ -68,12 +68,22 @@ def test_the_measured_bubble_matches_theory_on_stages_of_known_cost(p):
     # Sleeping stages cost no core, so p=4 on 2 cores measures the schedule, not contention.
     # 60 ms forward, 120 ms backward: compute dominates the ~1 ms a send/recv hop costs, and
     # the goal (within 15 % of theory) holds with 0.01 more for that latency.
+    # A descheduled rank only adds idle time; on a loaded machine (the suite's other worker, a
+    # grader beside it) one run can overshoot by that alone (CI-like load: 0.262 against 0.2 at
+    # 1F1B, p = 2, m = 4). A run outside the goal is measured twice more and the median of the
+    # three must meet it: a schedule whose bubble is wrong misses it every time.
+    def measure(kind, m):
+        runs = helpers.launch(_timed_run, kind, m, 0.06, 0.12, world_size=p, output="none")
+        return pp.bubble(pp.gather_events(runs))
+
     for kind in ("gpipe", "1f1b"):
         for m in (1, 4, 8):
-            runs = helpers.launch(_timed_run, kind, m, 0.06, 0.12, world_size=p, output="none")
-            measured = pp.bubble(pp.gather_events(runs))
             theory = pp.bubble_fraction(p, m)
-            assert abs(measured - theory) <= 0.15 * theory + 0.01, (kind, p, m, measured, theory)
+            measured = [measure(kind, m)]
+            if abs(measured[0] - theory) > 0.15 * theory + 0.01:
+                measured += [measure(kind, m), measure(kind, m)]
+            median = sorted(measured)[len(measured) // 2]
+            assert abs(median - theory) <= 0.15 * theory + 0.01, (kind, p, m, measured, theory)
 
 
 def _train_step(kind, p, m, seed=0):
