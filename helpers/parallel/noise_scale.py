@@ -54,7 +54,7 @@ def simple_noise_scale(grads, population: int | None = None) -> dict:
     if population is not None and not n <= population:
         raise ValueError(f"{n} distinct samples cannot come from a population of {population}")
     mean = grads.mean(0)
-    trace = ((grads - mean) ** 2).sum(1).sum().item() / (n - 1)
+    trace = ((grads - mean) ** 2).sum().item() / (n - 1)
     if population is None:
         g2 = (mean @ mean).item() - trace / n
     else:
@@ -89,7 +89,7 @@ def fit_steps(batches, steps) -> dict:
 
     b = np.asarray(batches, dtype=float)
     s = np.asarray(steps, dtype=float)
-    if len(b) < 3 or len(set(b)) < 3:
+    if len(set(b)) < 3:  # 3 distinct batches (and so at least 3 points)
         raise ValueError(f"fit_steps needs steps at 3 or more batch sizes, got {list(batches)}")
     slope, intercept = np.polyfit(1 / b, s, 1)
     predicted = intercept + slope / b
