@@ -5,7 +5,7 @@ cell in one kernel. Shared by the tests of every lab."""
 from __future__ import annotations
 
 import os
-import shutil
+import re
 import textwrap
 import time
 from pathlib import Path
@@ -56,6 +56,26 @@ def write_submission(lab: Path, path: Path, replace: dict[str, str]) -> None:
     nbformat.write(nb, path)
 
 
+def answers(lab: Path) -> dict[str, str]:
+    """{grade_id: source} of the solution's answer cells (code a student writes), unmarked."""
+    marks = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*\n?", re.M)
+    return {
+        cells.grade_id(c): marks.sub("", c.source)
+        for c in nbformat.read(lab, as_version=4).cells
+        if c.cell_type == "code" and cells.info(c).get("solution") and not cells.is_graded(c)
+    }
+
+
+def stubs(student: Path) -> dict[str, str]:
+    """{grade_id: source} of the released lab's unfinished answer cells."""
+    nb = nbformat.read(student, as_version=4)
+    return {
+        cells.grade_id(c): c.source
+        for c in nb.cells
+        if c.cell_type == "code" and "NotImplementedError" in c.source and cells.grade_id(c)
+    }
+
+
 def trimmed(path: Path, folder: Path, markers: tuple) -> Path:
     """A copy of notebook ``path`` in ``folder`` without the code cells that contain one of
     ``markers`` (ungraded timing, sweep and plot cells: grading a class is faster without them)."""
@@ -92,15 +112,22 @@ def grade_class(
     limits: Limits | None = None,
     entry: Path | None = None,
 ) -> dict:
-    """Grade the student version (untouched) and the two half-wrong submissions.
+    """Grade the two half-wrong submissions, in one round of the grader's two slots.
 
-    ``entry``: the syllabus path whose quick profile applies (default ``lab``; a trimmed copy of
-    a lab in a temporary folder names its original)."""
+    Each is the released student version, every answer cell filled in as a student would: half
+    the questions with a wrong answer, the others with the solution's. The untouched student
+    version is not graded whole: each of its unfinished answers is a variant of the verdict
+    kernel (``wrong_answer_verdicts``) that must fail its test, which with the halves (a failed
+    test costs its question's points, only those) is what grading it showed, at a third of the
+    class's cost. ``entry``: the syllabus path whose quick profile applies (default ``lab``; a
+    trimmed copy of a lab in a temporary folder names its original)."""
     subs = tmp / "subs"
     subs.mkdir()
-    shutil.copy(student, subs / "untouched.ipynb")
+    right = answers(lab)
+    unfinished = set(stubs(student))
+    assert unfinished <= set(right), f"stubs without a solution cell: {unfinished - set(right)}"
     for name, replace in wrong_submissions(wrong).items():
-        write_submission(lab, subs / f"{name}.ipynb", replace)
+        write_submission(student, subs / f"{name}.ipynb", {**right, **replace})
     quick = next(e for e in load_syllabus() if e.path == (entry or lab)).parameters("quick")
     return grade(
         lab,
@@ -146,10 +173,16 @@ SPAN_LAUNCH_CAP = 30.0  # s: the longest launch of a test cell, about 6 s on 2 q
 
 
 def wrong_answer_verdicts(
-    lab: Path, wrong: dict, ungraded: tuple, tmp: Path, overrides: dict | None = None
+    lab: Path,
+    student: Path,
+    wrong: dict,
+    ungraded: tuple,
+    tmp: Path,
+    overrides: dict | None = None,
 ) -> dict[tuple[str, int], str | None]:
     """{(question, v): None if its test cell passed on variant v, else the error}; (question, -1)
-    is the solution, run after the question's variants.
+    is the solution, run after the question's variants; (question, "stub") the released
+    ``student`` version's unfinished cell, the first variant of each question.
 
     One real kernel of the project runs the lab without the ``ungraded`` cells, with the quick
     profile (and ``overrides``) injected after its parameters cell and a hidden seed that is not
@@ -202,13 +235,31 @@ def wrong_answer_verdicts(
         # timeout of a minute or more. The test cells' own launches take seconds.
         cap = "import helpers.launcher.launch as _launch; _launch.TIMEOUT_CAP = {}"
         client.execute_cell(nbformat.v4.new_code_cell(cap.format(SPAN_LAUNCH_CAP)), 0)
+        unfinished = stubs(student)
+        assert set(unfinished) <= set(wrong), (
+            f"stubs with no wrong answers: {set(unfinished) - set(wrong)}"
+        )
+
+        def elsewhere(index: int) -> set[str]:  # names another cell binds too (an import, ...)
+            return {n for j, c in enumerate(code) if c and j != index for n in cells.bound_names(c)}
+
         for gid, (test, variants) in wrong.items():
             answer, check = at[gid], at[test]
             assert answer < check, (gid, test)
-            for v, source in enumerate(variants):
-                assert run(answer, textwrap.dedent(source).strip()) is None, (
+            tried = [("stub", unfinished[gid])] if gid in unfinished else []
+            # what the solution's cell defined goes before each variant runs, as if it never
+            # ran: a variant that leaves a name out (or a stub that raises first) meets a
+            # NameError, not the solution's leftover
+            forget = sorted(set(cells.bound_names(code[answer])) - elsewhere(answer))
+            for v, source in [*tried, *enumerate(variants)]:
+                client.execute_cell(
+                    nbformat.v4.new_code_cell(f"for _n in {forget!r}: globals().pop(_n, None)"), 0
+                )
+                error = run(answer, textwrap.dedent(source).strip())
+                # a released stub may raise in its own cell (one that is not a function's body)
+                assert error is None or v == "stub", (
                     f"{gid} variant {v} does not even define itself: a wrong answer must fail "
-                    "its test, not its own cell"
+                    f"its test, not its own cell: {error}"
                 )
                 start = time.monotonic()
                 # every cell up to the test runs (as in grading, an error does not stop the
@@ -233,6 +284,14 @@ def wrong_answer_verdicts(
 
 
 def assert_each_wrong_answer_fails_its_test(verdicts: dict, wrong: dict) -> None:
+    """Every wrong answer fails its test cell, and so does every unfinished cell of the released
+    lab (what an untouched submission hands in: with the halves' grading, it scores nothing);
+    the solution passes, at every seed."""
+    stubbed = [gid for (gid, v) in verdicts if v == "stub"]
+    assert stubbed, "the verdicts ran no stub of the released lab"
+    for gid in stubbed:
+        error = verdicts[gid, "stub"]
+        assert error is not None, f"the unfinished {gid} passes {wrong[gid][0]}"
     for gid, (test, variants) in wrong.items():
         assert verdicts[gid, -1] is None, f"the solution of {gid} fails {test}: {verdicts[gid, -1]}"
         for seed in MORE_SEEDS:
@@ -246,13 +305,14 @@ def assert_each_wrong_answer_fails_its_test(verdicts: dict, wrong: dict) -> None
         )
 
 
-def assert_right_answers_score_every_point_and_untouched_none(
+def assert_right_answers_score_every_point(
     graded: dict, wrong: dict, auto: dict, manual: set
 ) -> None:
     """Between the two halves every question is right once: its full points there, all the
     automatic points in all (the solution needs no run of its own through the grader: its
     answers are the halves' right ones, and the syllabus run and the verdicts run it whole);
-    written answers wait for a person; the untouched student version scores nothing."""
+    written answers wait for a person. The untouched student version: its stubs in the
+    verdicts (``assert_each_wrong_answer_fails_its_test``)."""
     halves = wrong_submissions(wrong)
     earned = {}
     for name, replace in halves.items():
@@ -262,8 +322,7 @@ def assert_right_answers_score_every_point_and_untouched_none(
         earned.update({test: r.scores[test] for test in right})
         assert all(r.scores[g] is None for g in manual), (name, r.scores)  # for a person
     assert earned == {g: float(p) for g, p in auto.items()}, earned
-    untouched = graded["untouched"]
-    assert untouched.status == "graded" and untouched.total == 0.0, untouched.reason
+    assert set(graded) == set(halves), f"graded {sorted(graded)}, expected {sorted(halves)}"
 
 
 def assert_wrong_answers_are_wrong(lab: Path, wrong: dict, auto: dict) -> None:

@@ -1,10 +1,5 @@
-"""`course run` (the README's main job) and `course check` of the whole syllabus, on one run.
-
-The suite executes each syllabus notebook once: `course run` (papermill, quick profile) writes the
-executed copies, HTML pages and an index into a temporary build folder, and `course check
---executed` holds those copies to the committed outputs by nbval's rules. A notebook that fails,
-or a checked output that changed, fails `test_the_whole_syllabus_holds_its_committed_outputs`
-with the notebook and cell named."""
+"""`course run` (the README's main job) and `course check` of the syllabus's lectures, on one run;
+the labs are the other half (test_course_run_labs.py, syllabus_run.py says why two)."""
 
 from __future__ import annotations
 
@@ -13,92 +8,44 @@ import sys
 
 import nbformat
 import pytest
+import syllabus_run
 
-from course.syllabus import REPO, load_syllabus
+from course.syllabus import REPO
 
-ENTRIES = load_syllabus()
+LECTURES = syllabus_run.half("lecture")
 
 
 @pytest.fixture(scope="module")
 def build(tmp_path_factory):
-    """The whole syllabus executed once by the main job's command, quick profile."""
+    """The syllabus's lectures executed once by the main job's command, quick profile."""
     out = tmp_path_factory.mktemp("build")
-    proc = subprocess.run(
-        [sys.executable, "-m", "course", "run", "--profile", "quick", "--out", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        # about 10 min on 2 quiet cores; the limit holds with a second grader beside the suite
-        timeout=3000,
-    )
-    return out, proc
+    return out, syllabus_run.run(LECTURES, out)
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(3300)  # the module's one run of the syllabus happens inside this test
-def test_course_run_executes_the_syllabus_under_papermill_into_an_index(build):
-    """The README's main job, quick profile: papermill with the project kernel, the profile's
-    parameters injected, HTML and an index, a summary that counts failures."""
+@pytest.mark.timeout(2700)  # the module's one run of the lectures happens inside this test
+def test_course_run_executes_the_lectures_under_papermill_into_an_index(build):
     out, proc = build
-    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
-    assert f"{len(ENTRIES)} notebooks in" in proc.stdout and "0 failed" in proc.stdout
-    index = (out / "index.html").read_text()
-    for entry in ENTRIES:
-        rel = entry.path.relative_to(REPO)
-        executed = nbformat.read(out / rel, as_version=4)
-        assert executed["metadata"]["kernelspec"]["name"] == "multigpu-course"
-        assert str(rel.with_suffix(".html")) in index and (out / rel.with_suffix(".html")).exists()
-        if entry.kind == "lab":  # the quick profile was injected (a lecture's is empty)
-            quick = entry.parameters("quick")
-            assert quick and executed.metadata["papermill"]["parameters"] == quick
+    syllabus_run.assert_ran_into_an_index(LECTURES, out, proc)
     setup = nbformat.read(out / "lectures" / "00_setup_check.ipynb", as_version=4)
     text = "".join(o.get("text", "") for c in setup.cells for o in c.get("outputs", []))
     assert "[rank 0] I am rank 0 of 2" in text and "[rank 1] I am rank 1 of 2" in text
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(3300)  # run alone, the syllabus's run happens inside this test
-def test_the_whole_syllabus_holds_its_committed_outputs(build):
-    """`course check --executed`: every cell ran (or raised where marked to), every checked
-    output equals the committed one after sanitizing; nothing is executed again."""
+@pytest.mark.timeout(2700)  # run alone, the lectures' run happens inside this test
+def test_the_lectures_hold_their_committed_outputs(build):
     out, _ = build
-    proc = subprocess.run(
-        [sys.executable, "-m", "course", "check", "--executed", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
-    assert f"{len(ENTRIES)} notebooks checked against {out}, 0 failed" in proc.stdout
+    syllabus_run.assert_holds_its_committed_outputs(LECTURES, out)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(3300)
-def test_a_changed_number_in_a_checked_output_of_the_run_fails_the_check_naming_its_cell(build):
-    """The check above can fail: one digit of a checked output edited in a real executed copy."""
-    from course.check import compare
+def test_without_notebooks_course_run_takes_the_whole_syllabus_in_its_order():
+    from course.run import select
 
-    out, _ = build
-    lab = REPO / "solutions" / "lab02_build_ddp.ipynb"
-    nb = nbformat.read(out / "solutions" / lab.name, as_version=4)
-    code = [c for c in nb.cells if c.cell_type == "code" and "injected-parameters" not in
-            c.metadata.get("tags", [])]  # fmt: skip
-    num, cell = next(
-        (i, c)
-        for i, c in enumerate(code)
-        if "nbval-check-output" in c.metadata.get("tags", [])
-        and any(ch.isdigit() for o in c.outputs for ch in o.get("text", ""))
-    )
-    stream = next(o for o in cell.outputs if any(ch.isdigit() for ch in o.get("text", "")))
-    digit = next(ch for ch in stream["text"] if ch.isdigit())
-    stream["text"] = stream["text"].replace(digit, str((int(digit) + 1) % 10), 1)
-    edited = out.parent / "edited.ipynb"
-    nbformat.write(nb, edited)
-    problems = compare(lab, edited)
-    assert len(problems) == 1 and problems[0].startswith(f"{lab}::Cell {num}: checked output"), (
-        problems
-    )
+    assert select(syllabus_run.ENTRIES, None) == syllabus_run.ENTRIES
+    assert {e.kind for e in syllabus_run.ENTRIES} == {"lecture", "lab"}  # the halves cover it
+    picked = select(syllabus_run.ENTRIES, [str(syllabus_run.ENTRIES[-1].path)])
+    assert picked == [syllabus_run.ENTRIES[-1]]
 
 
 def test_a_failing_notebook_is_reported_and_fails_the_run(tmp_path):

@@ -1,11 +1,12 @@
 """Lab 01 end to end: graded like a student's — unfinished, and plausibly wrong.
 
 The wrong answers are the ones a student would write (an off-by-one search, DistributedSampler
-wrapped, a sum that is never divided, the speedup against the wrong baseline, MiB for MB, ...).
-The first wrong answer of each question is graded in two submissions, each wrong in every other
+wrapped, a sum that is never divided, the speedup against the wrong baseline, MiB for MB, ...). The
+first wrong answer of each question is graded in two submissions, each wrong in every other
 question and right in the rest, so the test also shows that a wrong answer costs only its own
 question's points; every wrong answer is also checked in one kernel against its question's test
-cell, hidden parts included (lab_grading.wrong_answer_verdicts).
+cell, hidden parts included, and so is each unfinished cell of the released lab
+(lab_grading.wrong_answer_verdicts).
 """
 
 from __future__ import annotations
@@ -355,7 +356,7 @@ def test_the_unfinished_student_version_says_what_to_do():
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """Grade the untouched student version and the two half-wrong submissions, once.
+    """Grade the two half-wrong submissions (the released lab filled in), once.
 
     On copies without the ungraded cells (thread budgets, the set_epoch demo, tables, plots,
     the α-β benchmark and cost model), with one timing repeat and worlds of 1 and 2: the
@@ -366,12 +367,9 @@ def graded(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # grading the class (the fixture) runs inside the first test
-def test_right_answers_score_every_automatic_point_and_the_unfinished_lab_none(graded):
-    lab_grading.assert_right_answers_score_every_point_and_untouched_none(
-        graded, WRONG, AUTO, MANUAL
-    )
+def test_right_answers_score_every_automatic_point(graded):
+    lab_grading.assert_right_answers_score_every_point(graded, WRONG, AUTO, MANUAL)
     assert sum(AUTO.values()) == 13
-    assert "NotImplementedError" in graded["untouched"].errors["test_shard_indices"]
 
 
 @pytest.mark.slow
@@ -393,9 +391,10 @@ def test_each_plausible_wrong_answer_fails_its_test_cell(tmp_path):
         return batch // 2 if batch > start else None
     """
     checked = {**WRONG, "largest_fitting_batch": (test, [*variants, right])}
-    verdicts = lab_grading.wrong_answer_verdicts(LAB, checked, UNGRADED, tmp_path, FASTER)
+    verdicts = lab_grading.wrong_answer_verdicts(LAB, STUDENT, checked, UNGRADED, tmp_path, FASTER)
     assert verdicts["largest_fitting_batch", len(variants)] is None
     del verdicts["largest_fitting_batch", len(variants)]
+    assert "NotImplementedError" in verdicts["shard_indices", "stub"]  # what the feedback shows
     lab_grading.assert_each_wrong_answer_fails_its_test(verdicts, WRONG)
 
 

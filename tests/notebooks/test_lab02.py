@@ -1,14 +1,15 @@
 """Lab 02 end to end: graded like a student's — unfinished, and plausibly wrong.
 
-The wrong answers are the ones a student would write: gradients averaged where DataParallel
-sums them, a model "replicated" by sharing it, DDP that never broadcasts or never divides, that
-all-reduces after backward or synchronously, buckets in forward order, a parameter without a
-gradient handled wrongly; steps counted with a floor; a loss not divided by k, a forward outside
-``no_sync``. The grader grades the untouched lab and the first wrong answer of every question in
-two halves (each wrong in every other question: a wrong answer costs its own points and only
-those); every wrong answer is also checked in one kernel against its question's test cell,
-hidden parts included (lab_grading.wrong_answer_verdicts). The ungraded timing and training cells run with fewer
-repeats than the quick profile.
+The wrong answers are the ones a student would write: gradients averaged where DataParallel sums
+them, a model "replicated" by sharing it, DDP that never broadcasts or never divides, that all-
+reduces after backward or synchronously, buckets in forward order, a parameter without a gradient
+handled wrongly; steps counted with a floor; a loss not divided by k, a forward outside
+``no_sync``. The grader grades the first wrong answer of every question in two halves, each the
+released lab filled in (each wrong in every other question: a wrong answer costs its own points and
+only those); every wrong answer is also checked in one kernel against its question's test cell,
+hidden parts included, and so is each unfinished cell of the released lab
+(lab_grading.wrong_answer_verdicts). The ungraded timing and training cells run with fewer repeats
+than the quick profile.
 """
 
 from __future__ import annotations
@@ -363,12 +364,9 @@ def graded(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # grading the class (the fixture) runs inside the first test
-def test_right_answers_score_every_automatic_point_and_the_unfinished_lab_none(graded):
-    lab_grading.assert_right_answers_score_every_point_and_untouched_none(
-        graded, WRONG, AUTO, MANUAL
-    )
+def test_right_answers_score_every_automatic_point(graded):
+    lab_grading.assert_right_answers_score_every_point(graded, WRONG, AUTO, MANUAL)
     assert sum(AUTO.values()) == 11
-    assert "NotImplementedError" in graded["untouched"].errors["test_scratch_ddp"]
 
 
 @pytest.mark.slow
@@ -379,5 +377,7 @@ def test_each_plausible_wrong_answer_loses_its_points(graded):
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_each_plausible_wrong_answer_fails_its_test_cell(tmp_path):
-    verdicts = lab_grading.wrong_answer_verdicts(LAB, WRONG, UNGRADED, tmp_path, FASTER)
+    verdicts = lab_grading.wrong_answer_verdicts(LAB, STUDENT, WRONG, UNGRADED, tmp_path, FASTER)
     lab_grading.assert_each_wrong_answer_fails_its_test(verdicts, WRONG)
+    gid = next(g for g, (test, _) in WRONG.items() if test == "test_scratch_ddp")
+    assert "NotImplementedError" in verdicts[gid, "stub"]  # what the feedback shows

@@ -1,19 +1,19 @@
 """Lab 03 end to end: graded like a student's — unfinished, and plausibly wrong.
 
-The wrong answers are the ones a student would write: the largest batch from one point's bytes
-per sample (the fixed part forgotten), rounded or off by one at the boundary, negative or
-truncated, a float, a slope floored; PSNR with 20·log10, a natural log, a sum, the range not
-squared, read from the target or guessed, uint8 differences that wrap, int16 squares that
-overflow, a tensor, no ``inf``; a ZeRO-1 with floored shards, without the all-gather,
-broadcasting rank 0's view, an unsharded optimizer, a state that is re-created every step,
-gradients summed again, strided shards read back in order, ``zero_grad`` forgotten, a float64
-buffer for every dtype; bytes per
-rank with Adam's state counted once, unpadded or floored shards, the gradients sharded at stage
-1, the parameters never sharded, SGD given a state, mixed precision's bytes in fp32, stage 2 and
-3 swapped. The grader grades the untouched lab and the first wrong answer of every question in
-two halves (each wrong in every other question: a wrong answer costs its own points and only
-those); every wrong answer is also checked in one kernel against its question's test cell,
-hidden parts included (lab_grading.wrong_answer_verdicts). The ungraded timing, fitting and plot cells are left out.
+The wrong answers are the ones a student would write: the largest batch from one point's bytes per
+sample (the fixed part forgotten), rounded or off by one at the boundary, negative or truncated, a
+float, a slope floored; PSNR with 20·log10, a natural log, a sum, the range not squared, read from
+the target or guessed, uint8 differences that wrap, int16 squares that overflow, a tensor, no
+``inf``; a ZeRO-1 with floored shards, without the all-gather, broadcasting rank 0's view, an
+unsharded optimizer, a state that is re-created every step, gradients summed again, strided shards
+read back in order, ``zero_grad`` forgotten, a float64 buffer for every dtype; bytes per rank with
+Adam's state counted once, unpadded or floored shards, the gradients sharded at stage 1, the
+parameters never sharded, SGD given a state, mixed precision's bytes in fp32, stage 2 and 3
+swapped. The grader grades the first wrong answer of every question in two halves, each the
+released lab filled in (each wrong in every other question: a wrong answer costs its own points and
+only those); every wrong answer is also checked in one kernel against its question's test cell,
+hidden parts included, and so is each unfinished cell of the released lab
+(lab_grading.wrong_answer_verdicts). The ungraded timing, fitting and plot cells are left out.
 """
 
 from __future__ import annotations
@@ -350,10 +350,8 @@ def graded(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # grading the class (the fixture) runs inside the first test
-def test_right_answers_score_every_automatic_point_and_the_unfinished_lab_none(graded):
-    lab_grading.assert_right_answers_score_every_point_and_untouched_none(
-        graded, WRONG, AUTO, MANUAL
-    )
+def test_right_answers_score_every_automatic_point(graded):
+    lab_grading.assert_right_answers_score_every_point(graded, WRONG, AUTO, MANUAL)
     assert sum(AUTO.values()) == 10
 
 
@@ -364,5 +362,5 @@ def test_each_plausible_wrong_answer_loses_its_points(graded):
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_each_plausible_wrong_answer_fails_its_test_cell(tmp_path):
-    verdicts = lab_grading.wrong_answer_verdicts(LAB, WRONG, UNGRADED, tmp_path)
+    verdicts = lab_grading.wrong_answer_verdicts(LAB, STUDENT, WRONG, UNGRADED, tmp_path)
     lab_grading.assert_each_wrong_answer_fails_its_test(verdicts, WRONG)

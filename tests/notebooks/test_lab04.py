@@ -1,18 +1,18 @@
 """Lab 04 end to end: graded like a student's — unfinished, and plausibly wrong.
 
-The wrong answers are the ones a student would write: a 1F1B warm-up one too long, or counted
-from the wrong end, or left out, GPipe's backwards in reverse, a micro-batch forgotten; an
-engine whose loss is not divided by m, whose received activations never ask for a gradient,
-that feeds micro-batch 0 every time, that sends gradients the wrong way or not at all, or
-sends with a blocking `send`, or times the wait in `recv` as compute; the bubble as (p−1)/m or p/(m+p−1); a measured bubble over each
-rank's own span, over the number of events, without the ranks, from time 0, from the first
-and last event listed; a tensor-parallel
-MLP without the forward all-reduce, with the bias added on every rank, without the backward
-all-reduce, all-reducing both ways, or averaging instead of summing. The grader grades the untouched lab and the first wrong answer of every question in
-two halves (each wrong in every other question: a wrong answer costs its own points and only
-those); every wrong answer is also checked in one kernel against its question's test cell,
-hidden parts included (lab_grading.wrong_answer_verdicts).
-The ungraded timing, memory and comparison cells are left out.
+The wrong answers are the ones a student would write: a 1F1B warm-up one too long, or counted from
+the wrong end, or left out, GPipe's backwards in reverse, a micro-batch forgotten; an engine whose
+loss is not divided by m, whose received activations never ask for a gradient, that feeds micro-
+batch 0 every time, that sends gradients the wrong way or not at all, or sends with a blocking
+`send`, or times the wait in `recv` as compute; the bubble as (p−1)/m or p/(m+p−1); a measured
+bubble over each rank's own span, over the number of events, without the ranks, from time 0, from
+the first and last event listed; a tensor-parallel MLP without the forward all-reduce, with the
+bias added on every rank, without the backward all-reduce, all-reducing both ways, or averaging
+instead of summing. The grader grades the first wrong answer of every question in two halves, each
+the released lab filled in (each wrong in every other question: a wrong answer costs its own points
+and only those); every wrong answer is also checked in one kernel against its question's test cell,
+hidden parts included, and so is each unfinished cell of the released lab
+(lab_grading.wrong_answer_verdicts). The ungraded timing, memory and comparison cells are left out.
 """
 
 from __future__ import annotations
@@ -426,10 +426,8 @@ def graded(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # grading the class (the fixture) runs inside the first test
-def test_right_answers_score_every_automatic_point_and_the_unfinished_lab_none(graded):
-    lab_grading.assert_right_answers_score_every_point_and_untouched_none(
-        graded, WRONG, AUTO, MANUAL
-    )
+def test_right_answers_score_every_automatic_point(graded):
+    lab_grading.assert_right_answers_score_every_point(graded, WRONG, AUTO, MANUAL)
     assert sum(AUTO.values()) == 14
 
 
@@ -440,5 +438,5 @@ def test_each_plausible_wrong_answer_loses_its_points(graded):
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_each_plausible_wrong_answer_fails_its_test_cell(tmp_path):
-    verdicts = lab_grading.wrong_answer_verdicts(LAB, WRONG, UNGRADED, tmp_path)
+    verdicts = lab_grading.wrong_answer_verdicts(LAB, STUDENT, WRONG, UNGRADED, tmp_path)
     lab_grading.assert_each_wrong_answer_fails_its_test(verdicts, WRONG)

@@ -2,16 +2,17 @@
 
 The wrong answers are the ones a student would write: a plan that forgets the ranks, rounds the
 micro-batch down so the batch no longer adds up, always uses the largest micro-batch, takes the
-most micro-batches, or quietly floors a batch the ranks cannot share; the square-root rule or
-the rule upside down; a warmup from zero, one step early, that never stops rising, or that
-divides by zero without warmup; a LARS without the trust ratio, with it on the biases too, with
-one norm for the whole model, per row, squared, without the weight decay in its denominator, on
-the momentum instead of the step, without the trust coefficient, dividing by a zero gradient
-norm, or reading its hyperparameters from the defaults instead of each group. The sweeps, the
-timing and the plots grade nothing and are left out. The grader grades the untouched lab and the first wrong answer of every question in
-two halves (each wrong in every other question: a wrong answer costs its own points and only
-those); every wrong answer is also checked in one kernel against its question's test cell,
-hidden parts included (lab_grading.wrong_answer_verdicts).
+most micro-batches, or quietly floors a batch the ranks cannot share; the square-root rule or the
+rule upside down; a warmup from zero, one step early, that never stops rising, or that divides by
+zero without warmup; a LARS without the trust ratio, with it on the biases too, with one norm for
+the whole model, per row, squared, without the weight decay in its denominator, on the momentum
+instead of the step, without the trust coefficient, dividing by a zero gradient norm, or reading
+its hyperparameters from the defaults instead of each group. The sweeps, the timing and the plots
+grade nothing and are left out. The grader grades the first wrong answer of every question in two
+halves, each the released lab filled in (each wrong in every other question: a wrong answer costs
+its own points and only those); every wrong answer is also checked in one kernel against its
+question's test cell, hidden parts included, and so is each unfinished cell of the released lab
+(lab_grading.wrong_answer_verdicts).
 """
 
 from __future__ import annotations
@@ -316,10 +317,8 @@ def graded(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # grading the class (the fixture) runs inside the first test
-def test_right_answers_score_every_automatic_point_and_the_unfinished_lab_none(graded):
-    lab_grading.assert_right_answers_score_every_point_and_untouched_none(
-        graded, WRONG, AUTO, MANUAL
-    )
+def test_right_answers_score_every_automatic_point(graded):
+    lab_grading.assert_right_answers_score_every_point(graded, WRONG, AUTO, MANUAL)
     assert sum(AUTO.values()) == 7
 
 
@@ -330,5 +329,5 @@ def test_each_plausible_wrong_answer_loses_its_points(graded):
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_each_plausible_wrong_answer_fails_its_test_cell(tmp_path):
-    verdicts = lab_grading.wrong_answer_verdicts(LAB, WRONG, UNGRADED, tmp_path)
+    verdicts = lab_grading.wrong_answer_verdicts(LAB, STUDENT, WRONG, UNGRADED, tmp_path)
     lab_grading.assert_each_wrong_answer_fails_its_test(verdicts, WRONG)

@@ -1,16 +1,17 @@
 """Lab 06 end to end: graded like a student's — unfinished, and plausibly wrong.
 
-The wrong answers are the ones a student would write: gradient bytes that count frozen
-parameters, or the state dict (buffers too), or 4 bytes whatever the dtype, or elements instead
-of bytes, or a tied weight twice, or the course's own function; a communication share from all communication instead of the
-exposed part, a mean, warm-up kept, skip ignored, a ratio of medians or of sums; a time to target
-that ignores the target asked, accepts a loss equal to the target, counts only the crossing epoch's seconds or those
-before it, numbers epochs from 0, takes the last crossing, or reports the end of training when
-the target is never reached. The zoo, the training runs, the ViT, the sweep and the plots grade
-nothing and are left out. The grader grades the untouched lab and the first wrong answer of every question in
-two halves (each wrong in every other question: a wrong answer costs its own points and only
-those); every wrong answer is also checked in one kernel against its question's test cell,
-hidden parts included (lab_grading.wrong_answer_verdicts).
+The wrong answers are the ones a student would write: gradient bytes that count frozen parameters,
+or the state dict (buffers too), or 4 bytes whatever the dtype, or elements instead of bytes, or a
+tied weight twice, or the course's own function; a communication share from all communication
+instead of the exposed part, a mean, warm-up kept, skip ignored, a ratio of medians or of sums; a
+time to target that ignores the target asked, accepts a loss equal to the target, counts only the
+crossing epoch's seconds or those before it, numbers epochs from 0, takes the last crossing, or
+reports the end of training when the target is never reached. The zoo, the training runs, the ViT,
+the sweep and the plots grade nothing and are left out. The grader grades the first wrong answer of
+every question in two halves, each the released lab filled in (each wrong in every other question:
+a wrong answer costs its own points and only those); every wrong answer is also checked in one
+kernel against its question's test cell, hidden parts included, and so is each unfinished cell of
+the released lab (lab_grading.wrong_answer_verdicts).
 """
 
 from __future__ import annotations
@@ -227,10 +228,8 @@ def graded(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # grading the class (the fixture) runs inside the first test
-def test_right_answers_score_every_automatic_point_and_the_unfinished_lab_none(graded):
-    lab_grading.assert_right_answers_score_every_point_and_untouched_none(
-        graded, WRONG, AUTO, MANUAL
-    )
+def test_right_answers_score_every_automatic_point(graded):
+    lab_grading.assert_right_answers_score_every_point(graded, WRONG, AUTO, MANUAL)
     assert sum(AUTO.values()) == 4
 
 
@@ -241,5 +240,5 @@ def test_each_plausible_wrong_answer_loses_its_points(graded):
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_each_plausible_wrong_answer_fails_its_test_cell(tmp_path):
-    verdicts = lab_grading.wrong_answer_verdicts(LAB, WRONG, UNGRADED, tmp_path)
+    verdicts = lab_grading.wrong_answer_verdicts(LAB, STUDENT, WRONG, UNGRADED, tmp_path)
     lab_grading.assert_each_wrong_answer_fails_its_test(verdicts, WRONG)

@@ -1,0 +1,68 @@
+"""The syllabus executed once per suite, in two halves that two pytest workers run side by side.
+
+`course run` (papermill, quick profile) executes the notebooks of a half into a temporary build
+folder with HTML pages and an index; `course check --executed` then holds those copies to the
+committed outputs by nbval's rules, nothing executed again. A notebook that fails, or a checked
+output that changed, fails its half's test with the notebook and cell named. Lectures and labs
+are the halves (test_course_run.py, test_course_run_labs.py): each about half the syllabus's
+time, so neither worker waits at the end of the suite for one long run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+
+from course.syllabus import REPO, Entry, load_syllabus
+
+ENTRIES = load_syllabus()
+
+
+def half(kind: str) -> list[Entry]:
+    return [e for e in ENTRIES if e.kind == kind]
+
+
+def run(entries: list[Entry], out: Path) -> subprocess.CompletedProcess:
+    """The main job's command on ``entries``, quick profile, into ``out``."""
+    paths = [str(e.path.relative_to(REPO)) for e in entries]
+    return subprocess.run(
+        [sys.executable, "-m", "course", "run", *paths, "--profile", "quick", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        # each half about 6 min on 2 quiet cores; the limit holds with a second grader beside it
+        timeout=2400,
+    )
+
+
+def assert_ran_into_an_index(entries: list[Entry], out: Path, proc) -> None:
+    """papermill with the project kernel, the profile's parameters injected, HTML and an index,
+    a summary that counts failures."""
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
+    assert f"{len(entries)} notebooks in" in proc.stdout and "0 failed" in proc.stdout
+    index = (out / "index.html").read_text()
+    for entry in entries:
+        rel = entry.path.relative_to(REPO)
+        executed = nbformat.read(out / rel, as_version=4)
+        assert executed["metadata"]["kernelspec"]["name"] == "multigpu-course"
+        assert str(rel.with_suffix(".html")) in index and (out / rel.with_suffix(".html")).exists()
+        if entry.kind == "lab":  # the quick profile was injected (a lecture's is empty)
+            quick = entry.parameters("quick")
+            assert quick and executed.metadata["papermill"]["parameters"] == quick
+
+
+def assert_holds_its_committed_outputs(entries: list[Entry], out: Path) -> None:
+    """`course check --executed`: every cell ran (or raised where marked to), every checked
+    output equals the committed one after sanitizing; nothing is executed again."""
+    paths = [str(e.path.relative_to(REPO)) for e in entries]
+    proc = subprocess.run(
+        [sys.executable, "-m", "course", "check", "--executed", str(out), *paths],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
+    assert f"{len(entries)} notebooks checked against {out}, 0 failed" in proc.stdout
