@@ -168,12 +168,17 @@ def _get_pool(world_size: int, backend: str, threads: int):
     return pool
 
 
+# Variables that change without changing what a rank would import: pytest names the running test
+# in one, and a rank server restarted for each test (torch imported again, seconds) bought nothing.
+_VOLATILE = frozenset({"PYTEST_CURRENT_TEST"})
+
+
 def _rank_server() -> _rankserver.Server:
     """The kernel's rank server, started (again) when there is none, it died, or the kernel's
     environment changed since it started: ranks see the environment as it is when they start,
     as fresh interpreters would (some libraries read it only on import)."""
     global _server
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k not in _VOLATILE}
     if _server is not None and (
         _server.owner != os.getpid() or not _server.alive() or _server.source != env
     ):

@@ -682,6 +682,16 @@ def test_ranks_see_the_environment_as_it_is_when_they_start(monkeypatch):
     assert len([p for p in descendants() if is_rank_server(p)]) == 1
 
 
+def test_the_name_of_the_running_test_does_not_restart_the_server(monkeypatch):
+    # pytest changes PYTEST_CURRENT_TEST for every test: a server restarted for that alone cost
+    # each launching test a fresh import of torch
+    assert helpers.launch(os.getpid, world_size=2)
+    (server,) = [p for p in descendants() if is_rank_server(p)]
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "tests/x.py::another (call)")
+    assert helpers.launch(os.getpid, world_size=3)  # a new world: the server is asked again
+    assert [p.pid for p in descendants() if is_rank_server(p)] == [server.pid]
+
+
 def test_without_fork_each_rank_is_a_fresh_interpreter(tmp_path):
     """HELPERS_RANK_START=spawn (the default off Linux, where forking after `import torch` is not
     safe): the same launcher, each rank started as a new interpreter by the server."""
