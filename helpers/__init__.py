@@ -8,9 +8,12 @@
   ``memory_limit`` and ``memory.track`` (memory), ``sharding`` (ZeRO / FSDP),
   ``large_batch`` (a global batch on any
   number of ranks, accumulation), ``noise_scale`` (the gradient noise scale, the critical
-  batch) and ``stability`` (sharpness, trust ratios), ``pipeline`` (schedules, a send/recv engine, the bubble), ``tensor_parallel`` (Megatron's
-  MLP), ``zoo`` (torchvision's classifiers timed per
-  step, a sweep point notebook), ``profiling`` (torch.profiler on DDP), ``multinode``
+  batch) and ``stability`` (sharpness, trust ratios), ``pipeline`` (schedules, a send/recv
+  engine, the bubble; interleaved 1F1B and ZB-H1 simulated), ``tensor_parallel`` (Megatron's
+  MLP), ``transformer`` (a block, its activation memory, tensor and sequence parallelism),
+  ``context`` (ring attention), ``moe`` (experts over all-to-all), ``layout`` (data × tensor
+  parallel on a DeviceMesh, a planner of layouts), ``zoo`` (torchvision's
+  classifiers timed per step, a sweep point notebook), ``profiling`` (torch.profiler on DDP), ``multinode``
   (torchrun agents as nodes), ``plots``; ``probe.support_table()``: which backend runs which
   op, asked live; ``findings``: what measured samples allow one to say (a comparison, an
   ordering, a fit), printed from the run, never typed.
@@ -44,14 +47,18 @@ from helpers.measure.memory import memory_limit
 from helpers.measure.timing import StepTimer
 from helpers.measure.tracing import trace
 from helpers.parallel import (
+    context,
     dataparallel,
     large_batch,
+    layout,
+    moe,
     noise_scale,
     pipeline,
     ring,
     sharding,
     stability,
     tensor_parallel,
+    transformer,
 )
 from helpers.tools import multinode, profiling
 from helpers.workloads import data, models
@@ -100,12 +107,15 @@ __all__ = [
     "bandwidth",
     "bench",
     "benchmark_collectives",
+    "context",
     "costmodel",
     "data",
     "dataparallel",
     "findings",
     "large_batch",
+    "layout",
     "models",
+    "moe",
     "multinode",
     "noise_scale",
     "pipeline",
@@ -114,6 +124,7 @@ __all__ = [
     "sharding",
     "stability",
     "tensor_parallel",
+    "transformer",
     "memcpy_bandwidth",
     "memory",
     "memory_limit",

@@ -2,4 +2,6 @@
 DDP from scratch (``dataparallel``), ZeRO / FSDP (``sharding``), pipeline schedules
 (``pipeline``), Megatron's tensor-parallel MLP (``tensor_parallel``), a global batch on any
 number of ranks (``large_batch``), the noise scale and critical batch (``noise_scale``), how large
-a step may be (``stability``). Built on measure, launcher and workloads."""
+a step may be (``stability``); for transformers (lecture 08): a block with its activation memory,
+tensor and sequence parallelism (``transformer``), ring attention (``context``), experts over
+all-to-all (``moe``), a layout on a DeviceMesh and a planner (``layout``). Built on measure, launcher and workloads."""

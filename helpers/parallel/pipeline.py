@@ -1,4 +1,4 @@
-"""Pipeline parallelism: schedules, a send/recv engine, timelines and the bubble. Lecture 04.
+"""Pipeline parallelism: schedules, a send/recv engine, timelines and the bubble. Lectures 04, 08.
 
 A model is cut into p stages, one per rank, and a batch into m micro-batches. A *schedule* is,
 for each stage, the order of its operations: ``("F", i)`` the forward of micro-batch i,
@@ -14,6 +14,17 @@ Both leave the same bubble. With every stage taking the same time, the share of 
 time spent idle over one step is (p−1)/(m+p−1) — normalised by the makespan, as measured here
 (``bubble``). Papers also quote (p−1)/m: the same idle time over the ideal, bubble-free time.
 
+Lecture 08 adds two schedules that shrink it (``simulate`` lays them out, ``run`` refuses them):
+
+    interleaved(p, m, s, v) device s holds v model chunks, chunk c being virtual stage c·p + s;
+                            ops are (kind, micro-batch, chunk). Fill and drain shrink v-fold:
+                            idle share (p−1)/(v·m+p−1) (Narayanan et al. 2021, §2.2.2).
+    zb_h1(p, m, s)          the backward split into B (input gradient, which the previous stage
+                            waits for) and W (weight gradient, which nobody waits for); 1F1B's
+                            order with each W put off by s micro-batches, to fill the drain.
+                            Idle time (p−1)(F+B−W) per device against 1F1B's (p−1)(F+B+W)
+                            (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, §2.1).
+
 ``simulate`` lays a schedule out in time from the dependencies alone (what the grid stepper of
 lecture 04 draws); ``run`` executes it on real ranks with send/recv and records what each rank
 did and when, so the same picture can be drawn from a live run and compared.
@@ -23,7 +34,7 @@ from __future__ import annotations
 
 import time
 
-F, B = "F", "B"
+F, B, W = "F", "B", "W"
 
 
 # -- schedules --------------------------------------------------------------------------------
@@ -38,17 +49,60 @@ def gpipe(p: int, m: int, stage: int) -> list[tuple[str, int]]:
 def one_f_one_b(p: int, m: int, stage: int) -> list[tuple[str, int]]:
     """1F1B on ``stage`` of ``p``: warm-up forwards, one forward / one backward, cool-down."""
     _check(p, m, stage)
-    warm = min(p - stage - 1, m)
-    ops = [(F, i) for i in range(warm)]
-    f, b = warm, 0
-    while f < m:
-        ops += [(F, f), (B, b)]
-        f, b = f + 1, b + 1
-    ops += [(B, i) for i in range(b, m)]
-    return ops
+    return _warm_then_alternate(
+        [(F, i) for i in range(m)], [(B, i) for i in range(m)], p - stage - 1
+    )
 
 
-SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b}
+def _warm_then_alternate(forwards: list, backwards: list, warm: int) -> list:
+    """``warm`` forwards, then one forward / one backward in turn, then the remaining backwards."""
+    warm = min(warm, len(forwards))
+    ops = forwards[:warm]
+    for f, b in zip(forwards[warm:], backwards, strict=False):
+        ops += [f, b]
+    return ops + backwards[len(forwards) - warm :]
+
+
+def interleaved(p: int, m: int, stage: int, v: int) -> list[tuple[str, int, int]]:
+    """Interleaved 1F1B on device ``stage`` of ``p``, which holds ``v`` model chunks (lecture 08).
+
+    Ops are (kind, micro-batch, chunk); chunk c is virtual stage c·p + stage. Micro-batches go
+    through the chunks in groups of p (so m must be a multiple of p, as Megatron-LM requires):
+    forwards in chunk order, backwards in reverse. Warm-up: (v−1)·p + p−stage−1 forwards.
+    Megatron-LM's code doubles the p−stage−1 so that its paired send/recv calls overlap; with
+    dependencies alone (``simulate``) both give the same bubble, and this one makes v = 1 1F1B."""
+    _check(p, m, stage)
+    if v < 1:
+        raise ValueError(f"a device needs v ≥ 1 model chunks, not v={v}")
+    if m % p:
+        raise ValueError(
+            f"the interleaved schedule runs micro-batches in groups of p: m must be a multiple "
+            f"of p={p}, not m={m}"
+        )
+
+    def op(kind: str, k: int) -> tuple[str, int, int]:  # this device's k-th forward (backward)
+        group, c = divmod(k // p, v)
+        return (kind, group * p + k % p, c if kind == F else v - 1 - c)
+
+    forwards = [op(F, k) for k in range(m * v)]
+    backwards = [op(B, k) for k in range(m * v)]
+    return _warm_then_alternate(forwards, backwards, (v - 1) * p + p - stage - 1)
+
+
+def zb_h1(p: int, m: int, stage: int) -> list[tuple[str, int]]:
+    """ZB-H1 on ``stage`` of ``p`` (lecture 08): 1F1B with the backward split into B and W, the
+    W of micro-batch i done after the B of micro-batch i+stage (the rest at the end). Deeper
+    stages warm up with fewer forwards, so they can hold W back longer: every stage then keeps
+    p micro-batches until their W, what 1F1B's stage 0 keeps until its backward."""
+    ops = []
+    for kind, i in one_f_one_b(p, m, stage):
+        ops.append((kind, i))
+        if kind == B and i >= stage:
+            ops.append((W, i - stage))
+    return ops + [(W, i) for i in range(max(m - stage, 0), m)]
+
+
+SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved, "zb-h1": zb_h1}
 
 
 def _check(p: int, m: int, stage: int) -> None:
@@ -58,18 +112,27 @@ def _check(p: int, m: int, stage: int) -> None:
         raise ValueError(f"stage must be in 0..{p - 1}, not {stage}")
 
 
-def orders(kind: str, p: int, m: int) -> list[list[tuple[str, int]]]:
-    """The schedule ``kind`` ("gpipe" or "1f1b") for every stage."""
+def orders(kind: str, p: int, m: int, v: int | None = None) -> list[list[tuple]]:
+    """The schedule ``kind`` ("gpipe", "1f1b", "interleaved" with ``v`` chunks, "zb-h1") for
+    every stage (device)."""
     if kind not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, not {kind!r}")
-    return [SCHEDULES[kind](p, m, s) for s in range(p)]
+    if (v is None) == (kind == "interleaved"):
+        raise ValueError("v (model chunks per device) is given for the interleaved schedule only")
+    extra = {} if v is None else {"v": v}
+    return [SCHEDULES[kind](p, m, s, **extra) for s in range(p)]
 
 
-def in_flight(order: list[tuple[str, int]]) -> int:
-    """The most micro-batches whose activations a stage holds at once under ``order``."""
+def in_flight(order: list[tuple], until: str = B) -> int:
+    """The most micro-batches whose activations a stage holds at once under ``order``: from F
+    until B frees them, or with ``until="W"`` until W (which still reads the layer inputs) in
+    orders that split the backward. Interleaved orders count (micro-batch, chunk) pairs."""
+    if until not in (B, W):
+        raise ValueError(f"until must be {B!r} or {W!r}, not {until!r}")
+    frees = W if until == W and any(op[0] == W for op in order) else B
     held = peak = 0
-    for kind, _ in order:
-        held += 1 if kind == F else -1
+    for op in order:
+        held += (op[0] == F) - (op[0] == frees)
         peak = max(peak, held)
     return peak
 
@@ -82,19 +145,55 @@ def bubble_fraction(p: int, m: int) -> float:
     return (p - 1) / (m + p - 1)
 
 
+def bubble_fraction_interleaved(p: int, m: int, v: int) -> float:
+    """Idle share with v chunks per device (interleaved 1F1B), equal stage times: (p−1)/(v·m+p−1).
+
+    A chunk takes 1/v of a stage, so the fill and the drain take (p−1)(F+B)/v against m(F+B) of
+    work; Narayanan et al. (2021, §2.2.2) quote (p−1)/(v·m), the same idle time over the work."""
+    interleaved(p, m, 0, v)  # the same refusals as the schedule (m a multiple of p, v ≥ 1)
+    return (p - 1) / (v * m + p - 1)
+
+
+def bubble_fraction_zb_h1(
+    p: int, m: int, forward: float = 1.0, backward: float = 1.0, weight: float = 1.0
+) -> float:
+    """Idle share of ZB-H1 with F, B, W taking ``forward``, ``backward``, ``weight``: each device
+    idles (p−1)(F+B−W) against m(F+B+W) of work (Qi et al. 2024, §2.1); 1F1B idles (p−1)(F+B+W),
+    three times as long when F = B = W. Exact for m ≥ p and W ≤ min(F, B); past those the W
+    put off no longer fits the gaps it fills, and the bubble is larger (``simulate`` it)."""
+    _check(p, m, 0)
+    if p > 1 and (m < p or weight > min(forward, backward)):
+        raise ValueError(
+            f"ZB-H1's closed form needs m ≥ p and W ≤ min(F, B), not p={p}, m={m}, "
+            f"F={forward}, B={backward}, W={weight}: simulate the schedule instead"
+        )
+    idle = (p - 1) * (forward + backward - weight)
+    return idle / (m * (forward + backward + weight) + idle)
+
+
 def simulate(
-    stage_orders: list[list[tuple[str, int]]],
+    stage_orders: list[list[tuple]],
     forward: float = 1.0,
     backward: float = 2.0,
     comm: float = 0.0,
+    weight: float | None = None,
 ) -> list[dict]:
     """Lay the schedule out in time: each op starts when its stage is free and its input has
     arrived (``comm`` after the op it depends on). Raises ValueError if the orders deadlock or
-    are not a valid schedule (a backward before its forward, a micro-batch missing...)."""
+    are not a valid schedule (a backward before its forward, a micro-batch missing...).
+
+    Lecture 08: in interleaved orders, (kind, micro-batch, chunk), chunk c of device d is virtual
+    stage c·p + d and an op takes 1/v of ``forward`` or ``backward`` (``forward`` stays the time
+    of a device's whole share of the model); their events also carry "chunk". In orders with W
+    ops, ``backward`` is B alone and W takes ``weight``; W waits only for the same stage's B."""
     p = len(stage_orders)
+    v = 1 + max((op[2] for order in stage_orders for op in order if len(op) == 3), default=0)
     for s, order in enumerate(stage_orders):
-        _valid(order, s)
-    ends: dict[tuple[str, int, int], float] = {}
+        _valid(order, s, v)
+    if weight is None and any(op[0] == W for order in stage_orders for op in order):
+        raise ValueError("the orders split the backward into B and W: give W's time, weight=")
+    took = {F: forward / v, B: backward / v, W: (weight or 0.0) / v}
+    ends: dict[tuple[str, int, int], float] = {}  # (kind, virtual stage, micro-batch) -> end
     free = [0.0] * p
     nxt = [0] * p
     events = []
@@ -103,17 +202,22 @@ def simulate(
         for s in range(p):
             if nxt[s] >= len(stage_orders[s]):
                 continue
-            kind, i = stage_orders[s][nxt[s]]
-            dep = (F, s - 1, i) if kind == F and s > 0 else None
+            op = stage_orders[s][nxt[s]]
+            kind, i, c = _parts(op)
+            q = c * p + s
+            dep = (F, q - 1, i) if kind == F and q > 0 else None
             if kind == B:
-                dep = (B, s + 1, i) if s < p - 1 else (F, s, i)
+                dep = (B, q + 1, i) if q < v * p - 1 else (F, q, i)
+            if kind == W:
+                dep = (B, q, i)
             if dep is not None and dep not in ends:
                 continue
-            ready = 0.0 if dep is None else ends[dep] + (comm if dep[1] != s else 0.0)
+            ready = 0.0 if dep is None else ends[dep] + (comm if dep[1] % p != s else 0.0)
             start = max(free[s], ready)
-            end = start + (forward if kind == F else backward)
-            ends[(kind, s, i)] = free[s] = end
-            events.append({"rank": s, "op": kind, "micro": i, "start": start, "end": end})
+            end = start + took[kind]
+            ends[(kind, q, i)] = free[s] = end
+            event = {"rank": s, "op": kind, "micro": i, "start": start, "end": end}
+            events.append(event if len(op) == 2 else {**event, "chunk": c})
             nxt[s] += 1
             progressed = True
         if not progressed:
@@ -122,21 +226,36 @@ def simulate(
     return events
 
 
-def _valid(order: list[tuple[str, int]], stage: int) -> None:
-    forwards = [i for k, i in order if k == F]
-    backwards = [i for k, i in order if k == B]
-    if sorted(forwards) != list(range(len(forwards))) or sorted(backwards) != sorted(forwards):
-        raise ValueError(
-            f"stage {stage}: every micro-batch needs exactly one forward and one backward "
-            f"(forwards {forwards}, backwards {backwards})"
-        )
-    seen = set()
-    for kind, i in order:
-        if kind == B and i not in seen:
+def _parts(op: tuple) -> tuple[str, int, int]:
+    """(kind, micro-batch, chunk) of an op; plain (kind, micro-batch) ops are chunk 0."""
+    return op if len(op) == 3 else (*op, 0)
+
+
+def _valid(order: list[tuple], stage: int, v: int = 1) -> None:
+    ops = [_parts(op) for op in order]
+    if unknown := {k for k, _, _ in ops} - {F, B, W}:
+        raise ValueError(f"stage {stage}: ops are F, B or W, not {sorted(unknown)}")
+    if ops and {c for _, _, c in ops} != set(range(v)):
+        raise ValueError(f"stage {stage}: every device needs all {v} chunks (0..{v - 1})")
+    for c in range(v):
+        where = f"stage {stage}" + (f", chunk {c}" if v > 1 else "")
+        forwards, backwards, weights = ([i for k, i, cc in ops if (k, cc) == (x, c)] for x in "FBW")
+        if sorted(forwards) != list(range(len(forwards))) or sorted(backwards) != sorted(forwards):
+            raise ValueError(
+                f"{where}: every micro-batch needs exactly one forward and one backward "
+                f"(forwards {forwards}, backwards {backwards})"
+            )
+        if weights and sorted(weights) != sorted(forwards):
+            raise ValueError(f"{where}: a split backward needs exactly one W per micro-batch")
+    seen, done = set(), set()
+    for kind, i, c in ops:
+        if kind == B and (i, c) not in seen:
             raise ValueError(
                 f"stage {stage}: the backward of micro-batch {i} comes before its forward"
             )
-        seen.add(i)
+        if kind == W and (i, c) not in done:
+            raise ValueError(f"stage {stage}: the W of micro-batch {i} comes before its B")
+        (seen if kind == F else done).add((i, c))
 
 
 # -- measuring --------------------------------------------------------------------------------
@@ -172,7 +291,15 @@ def run(
     gradients add up to those of the whole batch). Ranks after 0 receive activations of
     ``shape`` (a micro-batch's input to this stage). Sends are ``isend``: a stage never waits
     for its neighbour to take a tensor, which 1F1B needs (both sides may send at once).
-    Returns {"loss": mean loss (last rank, else None), "events": [...], "sent_bytes": int}."""
+    Returns {"loss": mean loss (last rank, else None), "events": [...], "sent_bytes": int}.
+
+    One stage per rank, F and B only (GPipe, 1F1B): interleaved and ZB-H1 orders are refused
+    with a ValueError; ``simulate`` lays those out."""
+    if any(len(op) != 2 or op[0] not in (F, B) for op in order):
+        raise ValueError(
+            "run executes (F, i) and (B, i) orders, one stage per rank (GPipe, 1F1B); "
+            "interleaved and ZB-H1 orders are for simulate"
+        )
     import torch
     import torch.distributed as dist
 

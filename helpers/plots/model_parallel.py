@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from helpers.plots._axes import _axes
 
-PIPELINE_COLORS = {"F": "tab:blue", "B": "tab:orange"}
+# F forward, B backward (input gradient in ZB-H1), W the weight gradient ZB-H1 delays
+PIPELINE_COLORS = {"F": "tab:blue", "B": "tab:orange", "W": "tab:green"}
 
 
 def pipeline(events: list[dict], ax=None, title: str | None = None, unit: str = "s"):
     """Lecture 04: one pipeline step as a Gantt chart, one row per rank (= stage).
 
-    ``events``: dicts with 'rank', 'op' ("F" forward, "B" backward), 'micro', 'start', 'end' —
+    ``events``: dicts with 'rank', 'op' ("F" forward, "B" backward, "W" weight gradient),
+    'micro', 'start', 'end' (and 'chunk' for the interleaved schedule, labelled F0.1: micro 0,
+    chunk 1) —
     from ``helpers.pipeline.simulate`` (``unit`` = "forward passes") or ``gather_events`` of a
     live run (seconds). One box per event, labelled F0, B0 ...; the hatched grey behind each row
     is the time that rank sat idle. The title adds the idle share (``helpers.pipeline.bubble``).
@@ -44,7 +47,7 @@ def pipeline(events: list[dict], ax=None, title: str | None = None, unit: str = 
             ax.text(
                 e["start"] + width / 2,
                 e["rank"],
-                f"{e['op']}{e['micro']}",
+                f"{e['op']}{e['micro']}" + (f".{e['chunk']}" if "chunk" in e else ""),
                 ha="center",
                 va="center",
                 fontsize=size,
@@ -56,11 +59,15 @@ def pipeline(events: list[dict], ax=None, title: str | None = None, unit: str = 
     ax.set_xlabel(f"time ({unit})")
     head = f"{title}: " if title else ""
     ax.set_title(f"{head}idle {bubble(events):.0%} of the ranks' time", fontsize=9)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=PIPELINE_COLORS[k]) for k in "FB"]
+    ops = [k for k in PIPELINE_COLORS if any(e["op"] == k for e in events)]
+    handles = [plt.Rectangle((0, 0), 1, 1, color=PIPELINE_COLORS[k]) for k in ops]
     handles.append(plt.Rectangle((0, 0), 1, 1, facecolor="0.93", hatch="///", edgecolor="0.8"))
+    names = {"F": "forward", "B": "backward", "W": "weight gradient"}
+    if "W" in ops:  # split backward: B is the input's gradient only
+        names["B"] = "backward (input gradient)"
     ax.legend(
         handles,
-        ["forward", "backward", "idle"],
+        [names[k] for k in ops] + ["idle"],
         fontsize=7,
         loc="upper left",
         bbox_to_anchor=(1.01, 1),

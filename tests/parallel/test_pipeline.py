@@ -193,3 +193,110 @@ def test_the_tensor_parallel_mlp_equals_the_dense_one_with_one_all_reduce_each_w
 def test_shard_refuses_a_width_the_ranks_do_not_divide():
     with pytest.raises(ValueError, match="divisible"):
         tp.shard(tp.mlp(4, 6), 0, 4)
+
+
+# -- lecture 08: interleaved 1F1B and ZB-H1 (simulated only) --------------------------------
+
+
+def _makespan(events):
+    return max(e["end"] for e in events)
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (2, 8), (4, 4), (4, 8)])
+@pytest.mark.parametrize("v", [1, 2, 4])
+def test_the_simulated_interleaved_bubble_is_the_formula(p, m, v):
+    for fwd, bwd in [(1.0, 1.0), (1.0, 2.0)]:
+        events = pp.simulate(pp.orders("interleaved", p, m, v=v), fwd, bwd)
+        assert pp.bubble(events) == pytest.approx(
+            pp.bubble_fraction_interleaved(p, m, v), abs=1e-12
+        )
+        # the fill and drain take (p−1)(F+B)/v: chunks are 1/v of a device's stage
+        assert _makespan(events) == pytest.approx(m * (fwd + bwd) + (p - 1) * (fwd + bwd) / v)
+        assert {e["chunk"] for e in events} == set(range(v))
+
+
+@pytest.mark.parametrize("p,m", [(1, 3), (2, 4), (4, 8)])
+def test_interleaved_with_one_chunk_is_1f1b(p, m):
+    chunked = pp.orders("interleaved", p, m, v=1)
+    assert [[op[:2] for op in order] for order in chunked] == pp.orders("1f1b", p, m)
+    assert {op[2] for order in chunked for op in order} == {0}
+    plain = pp.simulate(pp.orders("1f1b", p, m), 1.0, 2.0, comm=0.1)
+    one = pp.simulate(chunked, 1.0, 2.0, comm=0.1)
+    assert [{k: e[k] for k in plain[0]} for e in one] == plain
+    assert pp.bubble_fraction_interleaved(p, m, 1) == pp.bubble_fraction(p, m)
+
+
+def test_interleaved_refuses_a_micro_batch_count_p_does_not_divide():
+    with pytest.raises(ValueError, match="multiple of p=4"):
+        pp.orders("interleaved", 4, 6, v=2)
+    with pytest.raises(ValueError, match="multiple of p=4"):
+        pp.bubble_fraction_interleaved(4, 6, 2)
+    with pytest.raises(ValueError, match="v ≥ 1"):
+        pp.interleaved(2, 4, 0, 0)
+    with pytest.raises(ValueError, match="interleaved schedule only"):
+        pp.orders("interleaved", 2, 4)  # no v
+    with pytest.raises(ValueError, match="interleaved schedule only"):
+        pp.orders("1f1b", 2, 4, v=2)
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (3, 4), (4, 4), (4, 8), (4, 9)])
+@pytest.mark.parametrize(
+    "f,b,w", [(1.0, 1.0, 1.0), (1.0, 2.0, 1.0), (2.0, 1.0, 0.5), (1.0, 1.5, 0.25)]
+)
+def test_the_simulated_zb_h1_bubble_is_the_formula(p, m, f, b, w):
+    events = pp.simulate(pp.orders("zb-h1", p, m), f, b, weight=w)
+    assert pp.bubble(events) == pytest.approx(pp.bubble_fraction_zb_h1(p, m, f, b, w), abs=1e-12)
+    assert _makespan(events) == pytest.approx(m * (f + b + w) + (p - 1) * (f + b - w))
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (8, 16)])
+def test_zb_h1_idles_a_third_of_1f1b_when_f_b_w_are_equal(p, m):
+    def idle(events):  # the ranks' idle time, summed
+        return p * _makespan(events) - sum(e["end"] - e["start"] for e in events)
+
+    one_f_one_b = pp.simulate(pp.orders("1f1b", p, m), 1.0, 2.0)  # backward = B + W
+    zb = pp.simulate(pp.orders("zb-h1", p, m), 1.0, 1.0, weight=1.0)
+    assert idle(zb) == pytest.approx(idle(one_f_one_b) / 3)
+
+
+def test_zb_h1_holds_as_many_micro_batches_as_1f1b():
+    p, m = 4, 8
+    zb, plain = pp.orders("zb-h1", p, m), pp.orders("1f1b", p, m)
+    # until B (the activations B frees): the same on every stage, for the same F/B order
+    assert [pp.in_flight(o) for o in zb] == [pp.in_flight(o) for o in plain] == [4, 3, 2, 1]
+    assert [[op for op in o if op[0] != "W"] for o in zb] == plain
+    # until W (which still reads the layer inputs): each stage holds back W by its index, so
+    # every stage reaches p, 1F1B's peak (stage 0), and none goes past it
+    assert [pp.in_flight(o, until="W") for o in zb] == [4, 4, 4, 4]
+    assert max(pp.in_flight(o, until="W") for o in plain) == 4
+    assert pp.zb_h1(2, 3, 1) == [
+        ("F", 0), ("B", 0), ("F", 1), ("B", 1), ("W", 0), ("F", 2), ("B", 2), ("W", 1), ("W", 2)
+    ]  # fmt: skip
+
+
+def test_the_makespans_order_gpipe_1f1b_interleaved_and_zb_h1():
+    p, m = 4, 8
+    span = {k: _makespan(pp.simulate(pp.orders(k, p, m), 1.0, 2.0)) for k in ("gpipe", "1f1b")}
+    for v in (2, 4):
+        span[v] = _makespan(pp.simulate(pp.orders("interleaved", p, m, v=v), 1.0, 2.0))
+    zb = _makespan(pp.simulate(pp.orders("zb-h1", p, m), 1.0, 1.0, weight=1.0))
+    assert span["gpipe"] >= span["1f1b"] > span[2] > span[4]
+    assert span["1f1b"] > zb  # the same work: 1F1B's backward of 2 is ZB-H1's B + W
+
+
+def test_bad_split_backwards_and_the_live_engine_are_refused_with_a_reason():
+    with pytest.raises(ValueError, match="W of micro-batch 0 comes before its B"):
+        pp.simulate([[("F", 0), ("W", 0), ("B", 0)]], weight=1.0)
+    with pytest.raises(ValueError, match="exactly one W per micro-batch"):
+        pp.simulate([[("F", 0), ("F", 1), ("B", 0), ("B", 1), ("W", 0)]], weight=1.0)
+    with pytest.raises(ValueError, match="weight="):
+        pp.simulate(pp.orders("zb-h1", 2, 2))
+    with pytest.raises(ValueError, match="all 2 chunks"):
+        pp.simulate([[("F", 0, 1), ("B", 0, 1)]])
+    with pytest.raises(ValueError, match="m ≥ p and W ≤ min"):
+        pp.bubble_fraction_zb_h1(4, 2)
+    with pytest.raises(ValueError, match="m ≥ p and W ≤ min"):
+        pp.bubble_fraction_zb_h1(2, 4, 1.0, 1.0, 2.0)
+    for kind, extra in [("interleaved", {"v": 2}), ("zb-h1", {})]:
+        with pytest.raises(ValueError, match="for simulate"):
+            pp.run(None, pp.orders(kind, 2, 2, **extra)[0])
