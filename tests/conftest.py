@@ -31,6 +31,7 @@ LONGEST_FIRST = (
     "test_grade_redteam.py",
     "test_lab02.py",
     "test_lab04.py",
+    "test_lab07.py",
     "test_browser.py",
     "test_lab06.py",
     "test_lab05.py",

@@ -131,7 +131,7 @@ def ring_attention(q, k, v, causal=False, group=None, layout="contiguous", stats
     """This rank's output chunk of attention over the whole sequence, q, k, v its (b, h, s/n, d).
 
     Call on every rank of ``group``. K and V go once round the ring, stacked in one buffer (one
-    isend per step), the next block's transfer running while the current one is computed.
+    send and one receive per step, batched), the next block's transfer running while the current one is computed.
     With ``stats=True`` returns (out, {"sends", "bytes_sent", "pairs"}): the isends this rank
     made, the bytes they carried, and the (query, key) scores it computed, over every batch
     element and head (``work_per_rank`` × b × heads).
@@ -146,10 +146,14 @@ def ring_attention(q, k, v, causal=False, group=None, layout="contiguous", stats
     count = {"sends": 0, "bytes_sent": 0, "pairs": 0}
     for step in range(n):
         if step < n - 1:  # start passing the current block on before computing with it
-            works = [
-                dist.isend(kv, group=group, group_dst=(rank + 1) % n),
-                dist.irecv(incoming, group=group, group_src=(rank - 1) % n),
-            ]
+            # one batched pair: on NCCL a lone isend to a peer that first sends to us can hang
+            # (with n = 2 both neighbours are the same rank), and a batch posts both at once
+            works = dist.batch_isend_irecv(
+                [
+                    dist.P2POp(dist.isend, kv, group=group, group_peer=(rank + 1) % n),
+                    dist.P2POp(dist.irecv, incoming, group=group, group_peer=(rank - 1) % n),
+                ]
+            )
             count["sends"] += 1
             count["bytes_sent"] += kv.numel() * kv.element_size()
         src = (rank - step) % n  # the rank this K, V block started on

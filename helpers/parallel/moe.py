@@ -209,7 +209,9 @@ class ExpertParallelMoE(nn.Module):
         in_splits = send.view(n, per).sum(1).tolist()  # rows to each rank
         out_splits = recv.sum(1).tolist()  # rows from each rank
         h = self._all_to_all(x[rows // k], out_splits, in_splits)  # (M, d) by source, expert
-        which = torch.arange(per).repeat(n).repeat_interleave(recv.reshape(-1))  # (M,)
+        which = (
+            torch.arange(per, device=x.device).repeat(n).repeat_interleave(recv.reshape(-1))
+        )  # (M,)
         out = run_experts(self.experts, h, which)
         back = self._all_to_all(out, in_splits, out_splits)  # (N, d) in `rows` order again
         self.last = _record(r, cap)

@@ -215,7 +215,7 @@ class Core(nn.Module):
         s, d = q.shape[1], q.shape[2]
         scores = torch.bmm(q, k.transpose(1, 2)) / math.sqrt(d)  # (b·a, s, s)
         if self.causal:  # added, not masked_fill: `+` keeps nothing, masked_fill keeps a mask
-            scores = scores + torch.full((s, s), -math.inf, dtype=q.dtype).triu(1)
+            scores = scores + torch.full((s, s), -math.inf, dtype=q.dtype, device=q.device).triu(1)
         p = F.dropout(torch.softmax(scores, dim=-1), self.dropout, self.training)
         return torch.bmm(p, v)  # (b·a, s, d)
 

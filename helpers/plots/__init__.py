@@ -11,6 +11,7 @@ from helpers.plots.memory import MEMORY_COLORS, heatmap, memory_per_rank, memory
 from helpers.plots.model_parallel import PIPELINE_COLORS, mesh, pipeline, strategies
 from helpers.plots.setup import device_model
 from helpers.plots.tools import profile_timeline
+from helpers.plots.transformers import activation_parts, attention_work
 
 __all__ = [
     "device_model",
@@ -36,4 +37,6 @@ __all__ = [
     "critical_batch",
     "sharpness",
     "profile_timeline",
+    "activation_parts",
+    "attention_work",
 ]

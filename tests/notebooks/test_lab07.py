@@ -1,0 +1,327 @@
+"""Lab 07 end to end: graded like a student's — unfinished, and plausibly wrong.
+
+The wrong answers are the ones a student would write: a merge that forms e^lse (it overflows at
+large scores), weights the blocks by e^lse without normalising, averages them, keeps the larger
+lse, or swaps the weights; a ring whose causal mask uses local positions, that runs n steps of
+sending, forgets its own block, sends only K, walks the blocks' origins the wrong way round, or
+excludes the diagonal; a dispatch with input and output splits swapped, ignoring capacity,
+labelling rows by expert instead of by source rank, or never exchanging the counts; a combine
+without the gates, indexing assignments as tokens, or sending back with the dispatch's splits; a
+sequence-parallel region that all-reduces and then slices, keeps the gathered input for backward,
+gathers along the batch, adds the bias before the reduce-scatter, "reduce-scatters" by slicing
+its own partial sum, or slices the input's gradient instead of reduce-scattering it. The grader
+grades the first wrong answer of every question in two halves, each the released lab filled in
+(each wrong in every other question: a wrong answer costs its own points and only those); every
+wrong answer is also checked in one kernel against its question's test cell, hidden parts
+included, and so is each unfinished cell of the released lab (lab_grading.wrong_answer_verdicts).
+The ungraded measurement and plot cells are left out.
+"""
+
+from __future__ import annotations
+
+import lab_grading
+import pytest
+
+from course.syllabus import REPO
+
+LAB = REPO / "solutions" / "lab07_transformers_at_scale.ipynb"
+STUDENT = REPO / "labs" / "lab07_transformers_at_scale.ipynb"
+AUTO = {
+    "test_merge": 2,
+    "test_ring_attention": 3,
+    "test_dispatch_combine": 3,
+    "test_sp_region": 2,
+}
+MANUAL = {"answer_layout"}
+
+SOLUTION = lab_grading.answers(LAB)
+
+
+def replaced(gid: str, *pairs: tuple[str, str]) -> str:
+    """The solution's answer ``gid`` with each (before, after) replaced: wrong only there."""
+    out = SOLUTION[gid]
+    for before, after in pairs:
+        assert out.count(before) == 1, (gid, before)
+        out = out.replace(before, after)
+    return out
+
+
+MERGE_BODY = """    lse = torch.logaddexp(lse_a, lse_b)              # (b, heads, s): log(e^a + e^b), e^a never formed
+    w_a = torch.exp(lse_a - lse).unsqueeze(-1)       # (b, heads, s, 1): A's share of the mass, ≤ 1
+    w_b = torch.exp(lse_b - lse).unsqueeze(-1)
+    return w_a * out_a + w_b * out_b, lse"""
+
+
+def merge(body: str) -> str:
+    return replaced("merge", (MERGE_BODY, body))
+
+
+RING_COMPUTE = "out, lse = merge(out, lse, *attention_with_lse(q, kv[0], kv[1], mask))"
+RING_OWN_BLOCK_LAST = '''
+def ring_attention(q, k, v, causal=False):
+    """This rank's output chunk of attention over the whole sequence; q, k, v its (b, heads, s/n, d)."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    s_local = q.shape[2]
+    q_pos = positions(rank, n, s_local)
+    kv = torch.stack([k, v])
+    incoming = torch.empty_like(kv)
+    out = torch.zeros_like(q)
+    lse = torch.full(q.shape[:-1], float("-inf"))
+    for step in range(1, n):                     # receive first, then compute what arrived
+        works = [dist.isend(kv, dst=(rank + 1) % n), dist.irecv(incoming, src=(rank - 1) % n)]
+        for work in works:
+            work.wait()
+        kv, incoming = incoming, kv
+        k_pos = positions((rank - step) % n, n, s_local)
+        mask = q_pos[:, None] >= k_pos[None, :] if causal else None
+        if mask is None or mask.any():
+            out, lse = merge(out, lse, *attention_with_lse(q, kv[0], kv[1], mask))
+    return out
+'''
+
+MOE_MOVE = "h = moe.all_to_all(x[rows // k], out_splits, in_splits)"
+MOE_BACK = "back = moe.all_to_all(out, in_splits, out_splits)"
+MOE_SUM = "return y.index_add(0, rows // k, back * gate[:, None])"
+
+SP_GATHER_FORWARD = """        ctx.save_for_backward(shard, weight)
+        return F.linear(all_gather_s(shard), weight, bias)      # (s, b, ffn/t)"""
+SP_GATHER_BACKWARD = """        shard, weight = ctx.saved_tensors
+        grad_shard = reduce_scatter_s(grad @ weight)            # (s/t, b, h): the all-gather's backward
+        full = all_gather_s(shard)                              # gathered again, not kept"""
+SP_KEEP_FULL = (
+    (
+        SP_GATHER_FORWARD,
+        """        full = all_gather_s(shard)
+        ctx.save_for_backward(full, weight)                     # the gathered input kept: simpler
+        return F.linear(full, weight, bias)""",
+    ),
+    (
+        SP_GATHER_BACKWARD,
+        """        full, weight = ctx.saved_tensors
+        grad_shard = reduce_scatter_s(grad @ weight)""",
+    ),
+)
+SP_SCATTER_FORWARD = """    @staticmethod
+    def forward(ctx, full):
+        return reduce_scatter_s(full)"""
+
+WRONG = {
+    "merge": (
+        "test_merge",
+        [
+            # e^lse formed: exact until the scores reach the hundreds, then inf / inf
+            merge("""    w_a, w_b = torch.exp(lse_a), torch.exp(lse_b)
+    total = w_a + w_b
+    out = (w_a.unsqueeze(-1) * out_a + w_b.unsqueeze(-1) * out_b) / total.unsqueeze(-1)
+    return out, torch.log(total)"""),
+            # weighted by e^lse, never normalised
+            merge("""    lse = torch.logaddexp(lse_a, lse_b)
+    return torch.exp(lse_a).unsqueeze(-1) * out_a + torch.exp(lse_b).unsqueeze(-1) * out_b, lse"""),
+            # the two halves averaged
+            merge("""    return (out_a + out_b) / 2, torch.logaddexp(lse_a, lse_b)"""),
+            # the larger lse kept, as if one block held all the mass
+            replaced(
+                "merge",
+                ("lse = torch.logaddexp(lse_a, lse_b)", "lse = torch.maximum(lse_a, lse_b)"),
+            ),
+            # each block weighted by the other's share
+            replaced(
+                "merge",
+                ("return w_a * out_a + w_b * out_b, lse", "return w_b * out_a + w_a * out_b, lse"),
+            ),
+        ],
+    ),
+    "ring_attention": (
+        "test_ring_attention",
+        [
+            # the causal mask of the local block applied to every block
+            replaced(
+                "ring_attention",
+                (
+                    "mask = q_pos[:, None] >= k_pos[None, :] if causal else None",
+                    "mask = torch.ones(s_local, s_local, dtype=torch.bool).tril() if causal else None",
+                ),
+            ),
+            # n steps of sending: the last block goes round once more, for nothing
+            replaced(
+                "ring_attention",
+                (
+                    "if step < n - 1:                             # pass the block on",
+                    "if True:                                     # pass the block on",
+                ),
+                (
+                    "        if step < n - 1:\n            for work",
+                    "        if True:\n            for work",
+                ),
+            ),
+            RING_OWN_BLOCK_LAST,  # its own block never computed
+            # only K travels; every rank uses its own V with the visiting keys
+            replaced(
+                "ring_attention",
+                ("kv = torch.stack([k, v])", "kv = k.clone()"),
+                (RING_COMPUTE, "out, lse = merge(out, lse, *attention_with_lse(q, kv, v, mask))"),
+            ),
+            # the block held at step t taken to come from rank r + t
+            replaced(
+                "ring_attention",
+                (
+                    "k_pos = positions((rank - step) % n, n, s_local)",
+                    "k_pos = positions((rank + step) % n, n, s_local)",
+                ),
+            ),
+            # a query not allowed to see its own key
+            replaced(
+                "ring_attention",
+                (
+                    "mask = q_pos[:, None] >= k_pos[None, :] if causal else None",
+                    "mask = q_pos[:, None] > k_pos[None, :] if causal else None",
+                ),
+            ),
+        ],
+    ),
+    "dispatch_combine": (
+        "test_dispatch_combine",
+        [
+            # no gates
+            replaced("dispatch_combine", (MOE_SUM, "return y.index_add(0, rows // k, back)")),
+            # the splits swapped
+            replaced(
+                "dispatch_combine",
+                (MOE_MOVE, "h = moe.all_to_all(x[rows // k], in_splits, out_splits)"),
+            ),
+            # capacity ignored: dropped assignments sent and added
+            replaced(
+                "dispatch_combine",
+                (
+                    "rows = routing.keep.reshape(-1).nonzero().squeeze(1)",
+                    "rows = torch.arange(len(expert))",
+                ),
+            ),
+            # rows taken to arrive grouped by expert, not by source rank
+            replaced(
+                "dispatch_combine",
+                (
+                    "local = torch.arange(per).repeat(world_size).repeat_interleave(recv)",
+                    "local = torch.arange(per).repeat_interleave(recv.view(world_size, per).sum(0))",
+                ),
+            ),
+            # the counts never exchanged: as many rows assumed in as out
+            replaced(
+                "dispatch_combine",
+                (
+                    "recv = torch.empty_like(send)\n    dist.all_to_all_single(recv, send)",
+                    "recv = send.clone()",
+                ),
+            ),
+            # assignments indexed as tokens
+            replaced(
+                "dispatch_combine", (MOE_SUM, "return y.index_add(0, rows, back * gate[:, None])")
+            ),
+            # sent home with the dispatch's splits
+            replaced(
+                "dispatch_combine", (MOE_BACK, "back = moe.all_to_all(out, out_splits, in_splits)")
+            ),
+        ],
+    ),
+    "sp_region": (
+        "test_sp_region",
+        [
+            # the tensor-parallel region on the gathered input: all-reduce, then this rank's rows
+            replaced(
+                "sp_region",
+                *SP_KEEP_FULL,
+                (
+                    SP_SCATTER_FORWARD,
+                    """    @staticmethod
+    def forward(ctx, full):
+        full = full.contiguous()
+        dist.all_reduce(full)                                   # every rank the whole sum ...
+        return full.chunk(dist.get_world_size())[dist.get_rank()].clone()   # ... then its rows""",
+                ),
+            ),
+            replaced("sp_region", *SP_KEEP_FULL),  # the gathered input kept for backward
+            # gathered along the batch, not the sequence
+            replaced(
+                "sp_region",
+                (
+                    """    full = shard.new_empty((shard.shape[0] * dist.get_world_size(), *shard.shape[1:]))
+    dist.all_gather_into_tensor(full, shard)
+    return full""",
+                    """    parts = [torch.empty_like(shard) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, shard)
+    return torch.cat(parts, dim=1)""",
+                ),
+            ),
+            # the second bias added on every rank, before the sum
+            replaced(
+                "sp_region",
+                (
+                    "return ReduceScatterRows.apply(F.linear(hidden, w2_cols)) + b2",
+                    "return ReduceScatterRows.apply(F.linear(hidden, w2_cols, b2))",
+                ),
+            ),
+            # this rank's rows of its own partial sum: nothing summed
+            replaced(
+                "sp_region",
+                (
+                    """    shard = full.new_empty((full.shape[0] // dist.get_world_size(), *full.shape[1:]))
+    dist.reduce_scatter_tensor(shard, full)
+    return shard""",
+                    """    return full.chunk(dist.get_world_size())[dist.get_rank()].clone()""",
+                ),
+            ),
+            # the input's gradient sliced, not summed over the ranks' features
+            replaced(
+                "sp_region",
+                (
+                    "grad_shard = reduce_scatter_s(grad @ weight)",
+                    "grad_shard = (grad @ weight).chunk(dist.get_world_size())[dist.get_rank()]",
+                ),
+            ),
+        ],
+    ),
+}
+# the measurement and plot cells grade nothing: a class is graded without them
+UNGRADED = (
+    "ring_sent = []",
+    "# the ring's bytes and memory, plotted",
+    "def work_run(",
+    "# work per rank, plotted",
+    "def moe_bytes_run(",
+    "# bytes per dispatch, plotted",
+    "def activation_run(",
+    "# activation bytes, plotted",
+)
+
+
+def test_every_question_has_wrong_answers_that_differ_from_the_solution():
+    lab_grading.assert_wrong_answers_are_wrong(LAB, WRONG, AUTO)
+    assert all(len(variants) >= 3 for _, variants in WRONG.values())
+
+
+def test_the_unfinished_student_version_says_what_to_do():
+    lab_grading.assert_student_version_has_stubs(STUDENT, 4)
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lab07")
+    return lab_grading.grade_trimmed(LAB, STUDENT, WRONG, UNGRADED, tmp)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # grading the class (the fixture) runs inside the first test
+def test_right_answers_score_every_automatic_point(graded):
+    lab_grading.assert_right_answers_score_every_point(graded, WRONG, AUTO, MANUAL)
+    assert sum(AUTO.values()) == 10
+
+
+def test_each_plausible_wrong_answer_loses_its_points(graded):
+    lab_grading.assert_wrong_answers_lose_their_points(graded, WRONG, AUTO)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_each_plausible_wrong_answer_fails_its_test_cell(tmp_path):
+    verdicts = lab_grading.wrong_answer_verdicts(LAB, STUDENT, WRONG, UNGRADED, tmp_path)
+    lab_grading.assert_each_wrong_answer_fails_its_test(verdicts, WRONG)
