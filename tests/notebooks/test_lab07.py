@@ -9,7 +9,12 @@ labelling rows by expert instead of by source rank, or never exchanging the coun
 without the gates, indexing assignments as tokens, or sending back with the dispatch's splits; a
 sequence-parallel region that all-reduces and then slices, keeps the gathered input for backward,
 gathers along the batch, adds the bias before the reduce-scatter, "reduce-scatters" by slicing
-its own partial sum, or slices the input's gradient instead of reduce-scattering it. The grader
+its own partial sum, or slices the input's gradient instead of reduce-scattering it. And the
+ones a student finds a way round: the course's finished merge, ring (called whole, unbatched,
+or its _accumulate), dispatch_order and combine, or sequence-parallel functions; a ring that
+collects every block (or all-gathers them through distributed_c10d, the counted messages
+dummies) and attends over the whole sequence; a dispatch that takes two experts per rank for
+granted; a region that keeps the gathered input on its ctx and gathers again for show. The grader
 grades the first wrong answer of every question in two halves, each the released lab filled in
 (each wrong in every other question: a wrong answer costs its own points and only those); every
 wrong answer is also checked in one kernel against its question's test cell, hidden parts
@@ -105,6 +110,99 @@ SP_SCATTER_FORWARD = """    @staticmethod
     def forward(ctx, full):
         return reduce_scatter_s(full)"""
 
+RING_HEAD = """def ring_attention(q, k, v, causal=False):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    s_local = q.shape[2]
+    q_pos = positions(rank, n, s_local)
+"""
+# the blocks go round the ring, are collected, and one attention over the whole sequence follows
+RING_COLLECT_THEN_FULL = (
+    RING_HEAD
+    + """    kv = torch.stack([k, v])
+    blocks = {rank: kv}
+    for step in range(1, n):
+        incoming = torch.empty_like(kv)
+        works = [dist.isend(kv, dst=(rank + 1) % n), dist.irecv(incoming, src=(rank - 1) % n)]
+        for w in works:
+            w.wait()
+        kv = incoming
+        blocks[(rank - step) % n] = kv
+    K = torch.cat([blocks[j][0] for j in range(n)], 2)
+    V = torch.cat([blocks[j][1] for j in range(n)], 2)
+    k_pos = torch.arange(n * s_local)
+    mask = q_pos[:, None] >= k_pos[None, :] if causal else None
+    out, _ = attention_with_lse(q, K, V, mask)
+    return out
+"""
+)
+# K and V all-gathered by distributed_c10d's own function (not the watched torch.distributed
+# one), whole-sequence attention, and n - 1 dummy messages of the right size for the counter
+RING_C10D_GATHER_DUMMY_SENDS = (
+    RING_HEAD
+    + """    import torch.distributed.distributed_c10d as c10d
+    kv = torch.stack([k, v]).contiguous()
+    full = kv.new_empty((n * 2, *kv.shape[1:]))
+    c10d.all_gather_into_tensor(full, kv)
+    full = full.view(n, *kv.shape)
+    for _ in range(n - 1):
+        buf = torch.empty_like(kv)
+        for w in [dist.isend(kv, dst=(rank + 1) % n), dist.irecv(buf, src=(rank - 1) % n)]:
+            w.wait()
+    K = torch.cat(list(full[:, 0]), 2); V = torch.cat(list(full[:, 1]), 2)
+    mask = q_pos[:, None] >= torch.arange(n * s_local)[None, :] if causal else None
+    return attention_with_lse(q, K, V, mask)[0]
+"""
+)
+# its own loop and messages, the course's _accumulate for each block
+RING_OWN_LOOP_FINISHED_ACCUMULATE = (
+    RING_HEAD
+    + """    kv = torch.stack([k, v])
+    incoming = torch.empty_like(kv)
+    out = torch.zeros_like(q)
+    lse = torch.full(q.shape[:-1], float("-inf"))
+    count = {"pairs": 0}
+    for step in range(n):
+        if step < n - 1:
+            works = [dist.isend(kv, dst=(rank + 1) % n), dist.irecv(incoming, src=(rank - 1) % n)]
+        k_pos = positions((rank - step) % n, n, s_local)
+        context._accumulate(q, kv, q_pos, k_pos, causal, out, lse, count)
+        if step < n - 1:
+            for w in works:
+                w.wait()
+            kv, incoming = incoming, kv
+    return out
+"""
+)
+# the course's ring, its batched P2POps turned back into plain isend and irecv calls
+RING_FINISHED_UNBATCHED = """def ring_attention(q, k, v, causal=False):
+    real_op, real_batch, real_isend = dist.P2POp, dist.batch_isend_irecv, dist.isend
+    dist.P2POp = lambda op, tensor, group=None, group_peer=None, **kw: (op, tensor, group_peer)
+
+    def batch(ops):
+        return [dist.isend(t, dst=p) if op is real_isend else dist.irecv(t, src=p) for op, t, p in ops]
+
+    dist.batch_isend_irecv = batch
+    try:
+        return context.ring_attention(q, k, v, causal)
+    finally:
+        dist.P2POp, dist.batch_isend_irecv = real_op, real_batch
+"""
+# the course's dispatch_order and combine inside an answer of its own
+MOE_FINISHED_PIECES = """def dispatch(x, routing, world_size):
+    k, E = routing.expert.shape[1], len(routing.load)
+    per = E // world_size
+    rows = moe.dispatch_order(routing)
+    send = torch.bincount(routing.expert.reshape(-1)[rows], minlength=E)
+    recv = torch.empty_like(send); dist.all_to_all_single(recv, send)
+    i, o = send.view(world_size, per).sum(1).tolist(), recv.view(world_size, per).sum(1).tolist()
+    local = torch.arange(per).repeat(world_size).repeat_interleave(recv)
+    return moe.all_to_all(x[rows // k], o, i), local, (rows, i, o)
+
+def combine(out, routing, plan, tokens):
+    rows, i, o = plan
+    return moe.combine(moe.all_to_all(out, i, o), rows, routing, tokens)
+"""
+
 WRONG = {
     "merge": (
         "test_merge",
@@ -129,6 +227,7 @@ WRONG = {
                 "merge",
                 ("return w_a * out_a + w_b * out_b, lse", "return w_b * out_a + w_a * out_b, lse"),
             ),
+            "from helpers.parallel.context import merge",  # the course's finished merge
         ],
     ),
     "ring_attention": (
@@ -177,6 +276,13 @@ WRONG = {
                     "mask = q_pos[:, None] > k_pos[None, :] if causal else None",
                 ),
             ),
+            RING_COLLECT_THEN_FULL,
+            RING_C10D_GATHER_DUMMY_SENDS,
+            # the course's finished ring, called
+            """def ring_attention(q, k, v, causal=False):
+    return context.ring_attention(q, k, v, causal)""",
+            RING_FINISHED_UNBATCHED,
+            RING_OWN_LOOP_FINISHED_ACCUMULATE,
         ],
     ),
     "dispatch_combine": (
@@ -221,6 +327,9 @@ WRONG = {
             replaced(
                 "dispatch_combine", (MOE_BACK, "back = moe.all_to_all(out, out_splits, in_splits)")
             ),
+            MOE_FINISHED_PIECES,
+            # two experts per rank taken for granted
+            replaced("dispatch_combine", ("per = n_experts // world_size", "per = 2")),
         ],
     ),
     "sp_region": (
@@ -276,6 +385,23 @@ WRONG = {
                 (
                     "grad_shard = reduce_scatter_s(grad @ weight)",
                     "grad_shard = (grad @ weight).chunk(dist.get_world_size())[dist.get_rank()]",
+                ),
+            ),
+            # the course's finished sequence-parallel functions
+            """def sp_region(x_shard, w1_rows, b1_part, w2_cols, b2):
+    hidden = F.gelu(transformer._GatherLinear.apply(x_shard, w1_rows, b1_part))
+    return transformer._ReduceScatter.apply(F.linear(hidden, w2_cols)) + b2""",
+            # the gathered input kept as a ctx attribute (unseen by saved_tensors_hooks), and
+            # gathered again in backward for nothing, so the collectives look right
+            replaced(
+                "sp_region",
+                (
+                    "        ctx.save_for_backward(shard, weight)\n        return F.linear(all_gather_s(shard), weight, bias)",
+                    "        ctx.full = all_gather_s(shard)\n        ctx.save_for_backward(shard, weight)\n        return F.linear(ctx.full, weight, bias)",
+                ),
+                (
+                    "        full = all_gather_s(shard)                              # gathered again, not kept",
+                    "        all_gather_s(shard)\n        full = ctx.full",
                 ),
             ),
         ],
