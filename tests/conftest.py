@@ -18,9 +18,9 @@ sys.path.insert(0, str(REPO / "tests"))
 # The longest test files, longest first (measured with `--durations`: the syllabus's run in two
 # halves, the grader's own tests, nbgrader's reading of the labs, then each lab's class grading
 # and wrong-answer verdicts).
-# scripts/test.sh runs two workers that each take whole files in collection order
+# scripts/test.sh runs three workers that each take whole files in collection order
 # (--dist loadfile): started first, these long files run side by side and the short ones fill
-# in after them, rather than one worker grading a lab alone at the end while the other idles.
+# in after them, rather than one worker grading a lab alone at the end while the others idle.
 LONGEST_FIRST = (
     "test_course_run_labs.py",
     "test_course_run.py",
