@@ -254,6 +254,20 @@ WRONG = {
                 ),
             ),
             RING_OWN_BLOCK_LAST,  # its own block never computed
+            # right numbers, right messages, no overlap: each transfer waited for as soon as it
+            # is posted, the block attended after
+            replaced(
+                "ring_attention",
+                (
+                    "works = [dist.isend(kv, dst=(rank + 1) % n), dist.irecv(incoming, src=(rank - 1) % n)]",
+                    "works = [dist.isend(kv, dst=(rank + 1) % n), dist.irecv(incoming, src=(rank - 1) % n)]\n"
+                    "            for work in works:\n                work.wait()",
+                ),
+                (  # and not again later (a gloo request waited for twice waits for ever)
+                    "            for work in works:\n                work.wait()\n            kv, incoming",
+                    "            kv, incoming",
+                ),
+            ),
             # only K travels; every rank uses its own V with the visiting keys
             replaced(
                 "ring_attention",
