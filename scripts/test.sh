@@ -5,7 +5,7 @@
 # Three pytest workers, each running whole test files (--dist loadfile: a module's fixtures, such
 # as a lab's class grading or the syllabus's one run, are made once). Much of the suite waits: on
 # kernels starting, ranks timing out, a budget running out. On 2 cores a third worker fills that
-# time: pytest took 29 min 38 s with two, 27 min 06 s with three (vmstat: 98 % busy throughout).
+# time: pytest took 29 min 38 s with two, 27 min 06 s with three (vmstat: 98 % busy once tests run).
 # `pytest -n 0 ...` (or plain `pytest tests/x.py`) runs in one process, as before.
 set -euo pipefail
 cd "$(dirname "$0")/.."
