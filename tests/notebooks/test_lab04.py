@@ -4,7 +4,8 @@ The wrong answers are the ones a student would write: a 1F1B warm-up one too lon
 the wrong end, or left out, GPipe's backwards in reverse, a micro-batch forgotten; an engine whose
 loss is not divided by m, whose received activations never ask for a gradient, that feeds micro-
 batch 0 every time, that sends gradients the wrong way or not at all, or sends with a blocking
-`send`, or times the wait in `recv` as compute; the bubble as (p−1)/m or p/(m+p−1); a measured
+`send`, or times the wait in `recv` as compute, or gives each stage one role (first, middle or
+last) and so fails on a single stage; the bubble as (p−1)/m or p/(m+p−1); a measured
 bubble over each rank's own span, over the number of events, without the ranks, from time 0, from
 the first and last event listed; a tensor-parallel MLP without the forward all-reduce, with the
 bias added on every rank, without the backward all-reduce, all-reducing both ways, or averaging
@@ -371,6 +372,48 @@ def pipeline_step(stage, order, inputs, targets, loss_fn, shape):
     for work in pending:
         work.wait()
     return (loss if last else None), events
+''',
+        # a stage is first, middle or last, never two at once: with one stage, rank 0 reads the
+        # data and sends its output on to a rank 1 that does not exist (no hidden case had p = 1)
+        r'''
+def pipeline_step(stage, order, inputs, targets, loss_fn, shape):
+    """One training step of this rank's ``stage`` following ``order``; returns (loss or None, events)."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    role = "first" if rank == 0 else "last" if rank == p - 1 else "middle"
+    m = sum(1 for kind, _ in order if kind == "F")
+    kept, pending, events, loss = {}, [], [], 0.0
+    for kind, i in order:
+        if kind == "F":
+            if role == "first":
+                x = inputs[i]
+            else:
+                x = torch.empty(shape)
+                dist.recv(x, src=rank - 1)
+                x.requires_grad_()
+            start = time.perf_counter()
+            out = stage(x)
+            if role == "last":
+                out = loss_fn(out, targets[i]) / m
+                loss += out.item()
+            events.append({"rank": rank, "op": "F", "micro": i, "start": start, "end": time.perf_counter()})
+            sending = None if role == "last" else dist.isend(out.detach(), dst=rank + 1)
+            kept[i] = (x, out, sending)
+        else:
+            x, out, sending = kept.pop(i)
+            if sending is not None:
+                sending.wait()
+            grad = None
+            if role != "last":
+                grad = torch.empty_like(out)
+                dist.recv(grad, src=rank + 1)
+            start = time.perf_counter()
+            out.backward(grad)
+            events.append({"rank": rank, "op": "B", "micro": i, "start": start, "end": time.perf_counter()})
+            if role != "first":
+                pending.append(dist.isend(x.grad, dst=rank - 1))
+    for work in pending:
+        work.wait()
+    return (loss if role == "last" else None), events
 ''',
     ],
     "measured_bubble": [

@@ -2,12 +2,14 @@
 
 The wrong answers are the ones a student would write: a plan that forgets the ranks, rounds the
 micro-batch down so the batch no longer adds up, always uses the largest micro-batch, takes the
-most micro-batches, or quietly floors a batch the ranks cannot share; the square-root rule or the
-rule upside down; a warmup from zero, one step early, that never stops rising, or that divides by
-zero without warmup; a LARS without the trust ratio, with it on the biases too, with one norm for
-the whole model, per row, squared, without the weight decay in its denominator, on the momentum
-instead of the step, without the trust coefficient, dividing by a zero gradient norm, or reading
-its hyperparameters from the defaults instead of each group. The sweeps, the timing and the plots
+most micro-batches, or quietly floors a batch the ranks cannot share (or refuses only those a
+plain run's feedback showed); the square-root rule, the rule upside down, or in whole multiples of
+the base batch only; a warmup from zero, one step early, that never stops rising, that divides by
+zero without warmup, or that never passes the peak (so never falls to a peak below the base
+rate); a LARS without the trust ratio, with it on the biases too, with one norm for the whole
+model, per row, squared, without the weight decay in its denominator, on the momentum instead of
+the step, without the trust coefficient, dividing by a zero gradient norm, or reading its
+hyperparameters from the defaults instead of each group. The sweeps, the timing and the plots
 grade nothing and are left out. The grader grades the first wrong answer of every question in two
 halves, each the released lab filled in (each wrong in every other question: a wrong answer costs
 its own points and only those); every wrong answer is also checked in one kernel against its
@@ -245,6 +247,25 @@ def plan(global_batch, world_size, max_micro):
         k = per_rank                              # no halving divides it: one sample at a time
     return per_rank // k, k
 ''',
+        plan(  # a table of the refusals a plain run's feedback shows: every other batch floored
+            """    if (global_batch, world_size) in {(100, 3), (9, 2)}:
+        raise ValueError("a batch the ranks cannot share")
+    per_rank = global_batch // world_size
+    k = next(k for k in range(1, per_rank + 1) if per_rank % k == 0 and per_rank // k <= max_micro)
+    return per_rank // k, k"""
+        ),
+    ],
+    "schedules": [
+        schedules(  # whole multiples only: right while the batch is a multiple or divisor of the base
+            scaled="""if batch >= base_batch:
+        return base_lr * (batch // base_batch)
+    return base_lr / (base_batch // batch)"""
+        ),
+        schedules(  # never past the peak: a peak below the base rate is reached at once
+            warmup="""if step >= warmup_steps:
+        return peak_lr
+    return min(peak_lr, base_lr + (peak_lr - base_lr) * step / warmup_steps)"""
+        ),
     ],
     "lars": [
         lars(  # the first velocity is the gradient tensor itself: rewritten when .grad is filled in place

@@ -2,16 +2,17 @@
 
 The wrong answers are the ones a student would write: gradient bytes that count frozen parameters,
 or the state dict (buffers too), or 4 bytes whatever the dtype, or elements instead of bytes, or a
-tied weight twice, or the course's own function; a communication share from all communication
-instead of the exposed part, a mean, warm-up kept, skip ignored, a ratio of medians or of sums; a
-time to target that ignores the target asked, accepts a loss equal to the target, counts only the
-crossing epoch's seconds or those before it, numbers epochs from 0, takes the last crossing, or
-reports the end of training when the target is never reached. The zoo, the training runs, the ViT,
-the sweep and the plots grade nothing and are left out. The grader grades the first wrong answer of
-every question in two halves, each the released lab filled in (each wrong in every other question:
-a wrong answer costs its own points and only those); every wrong answer is also checked in one
-kernel against its question's test cell, hidden parts included, and so is each unfinished cell of
-the released lab (lab_grading.wrong_answer_verdicts).
+tied weight twice, or a layer as frozen as its first parameter, or the course's own function; a
+communication share from all communication instead of the exposed part, a mean, warm-up kept,
+skip ignored, a ratio of medians or of sums; a time to target that ignores the target asked,
+accepts a loss equal to the target, counts only the crossing epoch's seconds or those before it,
+numbers epochs from 0, takes the last crossing, reports the end of training when the target is
+never reached, or rounds the seconds. The zoo, the training runs, the ViT, the sweep and the plots
+grade nothing and are left out. The grader grades the first wrong answer of every question in two
+halves, each the released lab filled in (each wrong in every other question: a wrong answer costs
+its own points and only those); every wrong answer is also checked in one kernel against its
+question's test cell, hidden parts included, and so is each unfinished cell of the released lab
+(lab_grading.wrong_answer_verdicts).
 """
 
 from __future__ import annotations
@@ -172,6 +173,19 @@ def gradient_bytes(model):
     size = {torch.float16: 2, torch.bfloat16: 2}      # half precision: 2 bytes; everything else fp32
     return sum(p.numel() * size.get(p.dtype, 4) for p in model.parameters() if p.requires_grad)
 ''',
+        # frozen or not by layer, read from its first parameter: a layer that trains its bias and
+        # not its weight (or the other way round) is counted whole or not at all
+        r'''
+def gradient_bytes(model):
+    """Bytes of gradient DDP all-reduces per step for ``model``."""
+    seen, total = set(), 0
+    for layer in model.modules():
+        params = [p for p in layer.parameters(recurse=False) if id(p) not in seen]   # a tied weight once
+        seen.update(id(p) for p in params)
+        if params and params[0].requires_grad:        # a frozen layer sends nothing
+            total += sum(p.numel() * p.element_size() for p in params)
+    return total
+''',
     ],
     "comm_share": [
         # no step after skip: falls back to every record, the warm-up's share reported as the run's
@@ -181,6 +195,17 @@ def comm_share(records, skip):
     steps = records[skip:] or records             # a run too short to skip: keep what there is
     return statistics.median(r["exposed_comm_s"] / r["total"] for r in steps)
 ''',
+    ],
+    "time_to_target": [
+        # the seconds rounded to the millisecond, as a timer shows them: right on sums like 4.5 s
+        time_to_target(
+            """    seconds = 0.0
+    for row in history:
+        seconds += row["seconds"]
+        if row["train loss"] < target:
+            return row["epoch"], round(seconds, 3)
+    return None"""
+        ),
     ],
 }
 for _gid, _more in SWEPT.items():

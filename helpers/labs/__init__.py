@@ -1,0 +1,27 @@
+"""What the labs' graded checks compute for themselves: the references a student's answer is
+compared against (one process's parameters, the expected bytes, the buckets a cap makes), one
+module per lab (``helpers.labs.lab02``...).
+
+The grader runs a test's check in a fresh interpreter of its own, apart from the student's
+kernel (course/grading/verdict.py); a check imports these functions there. A reference the
+student's kernel computed (a locked cell's helper included) is the student's to choose: a
+student can redefine any name in the kernel. So every reference a check compares against is
+computed here, by the check, from the inputs the check draws itself.
+"""
+
+import contextlib
+
+
+@contextlib.contextmanager
+def one_core():
+    """Run a reference's small steps on one intra-op thread, as the lab's rank (one core, one
+    device) runs them: on a busy grader more threads only spin, and the check's CPU seconds are
+    the submission's. The caller's thread count is restored."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

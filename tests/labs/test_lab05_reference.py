@@ -1,0 +1,58 @@
+"""helpers.labs.lab05: the hidden cases its checks draw cover the boundaries its docstrings name
+(remainders, both sides of the base batch and of the base rate, warmups of 0 and 1 steps), anew
+for every seed."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers.labs import lab05
+
+SEEDS = range(50)
+
+
+def test_the_plans_split_over_the_ranks_and_the_refusals_do_not():
+    plans = [c for s in SEEDS for c in lab05.plan_cases(s)]
+    assert all(b % n == 0 for b, n, _ in plans)
+    assert any(m < b // n for b, n, m in plans) and any(m >= b // n for b, n, m in plans)
+    refused = [c for s in SEEDS for c in lab05.refused_cases(s)]
+    assert all(b % n for b, n, _ in refused)
+    assert {b % n for b, n, _ in refused} == set(range(1, 8))  # every remainder
+    assert {n for _, n, _ in refused} == set(range(2, 9))
+
+
+def test_the_scaled_batches_lie_both_sides_of_the_base_and_off_its_multiples():
+    scaled = [c for s in SEEDS for c in lab05.scaled_cases(s)]
+    assert any(batch < base for _, base, batch in scaled)
+    assert any(batch > base for _, base, batch in scaled)
+    assert (
+        sum(batch % base != 0 and base % batch != 0 for _, base, batch in scaled) > len(scaled) / 2
+    )
+
+
+def test_the_warmups_start_at_zero_steps_and_reach_peaks_both_sides_of_the_base():
+    for s in SEEDS:
+        cases = lab05.warmup_cases(s)
+        assert {0, 1} <= {warm for _, _, _, warm in cases}
+        assert any(peak < base for _, base, peak, _ in cases)
+        assert any(peak > base for _, base, peak, _ in cases)
+        for w in {warm for *_, warm in cases}:  # both sides of each warmup's end
+            steps = {step for step, *_, warm in cases if warm == w}
+            assert {0, w, w + 1} <= steps and max(w - 1, 0) in steps
+
+
+@pytest.mark.parametrize(
+    "draw",
+    [
+        lab05.plan_cases,
+        lab05.refused_cases,
+        lab05.scaled_cases,
+        lab05.warmup_cases,
+        lab05.lars_cases,
+    ],
+)
+def test_the_cases_are_the_seeds_own(draw):
+    """The same seed draws the same cases (the probe and the check agree); another seed draws
+    others (a table of one run's answers fails the next)."""
+    assert repr(draw(3)) == repr(draw(3))
+    assert repr(draw(3)) != repr(draw(4))
