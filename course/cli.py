@@ -44,9 +44,21 @@ def main(argv: list[str] | None = None) -> int:
         "--hidden-seed",
         type=int,
         default=None,
-        help="the seed of hidden cases drawn at random (default: a new one each run, so a table "
-        "of one run's hidden inputs is worth nothing in the next); give a result's hidden_seed "
-        "to reproduce its verdicts",
+        metavar="N",
+        help="grade every submission with COURSE_HIDDEN_SEED=N, the hidden_seed a result "
+        "records (OUT/results/STUDENT.json): that result's verdicts again. Every student then "
+        "gets the same hidden cases: for checking one grade, never for a class. By default each "
+        "student's seed derives from a secret key, new for each --out folder and kept there "
+        "(OUT/.secret/, yours alone), so a table of one run's hidden inputs is worth nothing in "
+        "the next, and a re-run into the same folder keeps the same seeds",
+    )
+    g.add_argument(
+        "--replay",
+        default=None,
+        metavar="OUT",
+        help="grade with the key kept in OUT, the output folder of an earlier run: every "
+        "student gets the seed that run gave them, and so the same verdicts. A folder of "
+        "`course grade-merge` keeps each slice's key: replay a slice with --shard K/N",
     )
     g.add_argument(
         "--shard",
@@ -55,12 +67,25 @@ def main(argv: list[str] | None = None) -> int:
         help="grade only the K-th of N slices of the submissions (one per machine); join the "
         "slices' --out folders with `course grade-merge`",
     )
+    g.add_argument(
+        "--keep-work",
+        action="store_true",
+        help="keep each submission's executed notebook and logs in OUT/.work, to inspect one "
+        "(by default they go once its feedback page is written)",
+    )
 
     mk = sub.add_parser(
-        "mark", help="merge the written answers' sheets (OUT/manual/*.csv) into the grades"
+        "mark",
+        help="merge the written answers' sheets (OUT/manual/*.csv) into the grades",
+        description="Merge the written answers' sheets (OUT/manual/*.csv) into the results, "
+        "gradebook and feedback pages of OUT. A class graded in slices (--shard K/N): mark each "
+        "slice, then join them with `course grade-merge` (a merged folder has no sheets).",
     )
     mk.add_argument("lab", help="the solution notebook the folder was graded with (e.g. lab02)")
-    mk.add_argument("out", help="the output folder of `course grade`")
+    mk.add_argument(
+        "out",
+        help="the output folder of `course grade` (of each slice, for --shard: mark each slice)",
+    )
     ex = sub.add_parser("export", help="lms.csv: the grades, one row per student, for an LMS")
     ex.add_argument("lab", help="the solution notebook the folder was graded with")
     ex.add_argument("out", help="the output folder of `course grade` (and `course mark`)")
@@ -138,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             results = mark(lab, args.out)
         except (ValueError, OSError) as exc:
-            print(f"course mark: {exc}", file=sys.stderr)
+            print(f"course {args.command}: {exc}", file=sys.stderr)
             return 2
         print(summary(results))
         print(f"gradebook: {args.out}/gradebook.csv, feedback: {args.out}/feedback/")
@@ -208,6 +233,7 @@ def _grade(args) -> int:
     out = Path(args.out) if args.out else REPO / "build" / "grades" / lab.stem
     from course.grading.cells import FormatError
     from course.grading.isolation import UNSAFE, IsolationUnavailable, UidsBusy
+    from course.grading.seeds import SeedError
     from course.grading.shards import check_shard
 
     try:
@@ -226,11 +252,14 @@ def _grade(args) -> int:
             isolation=UNSAFE if args.unsafe_no_isolation else "auto",
             shard=shard,
             hidden_seed=args.hidden_seed,
+            replay=args.replay,
+            keep_work=args.keep_work,
         )
     except (
         IsolationUnavailable,
         FormatError,
         UidsBusy,
+        SeedError,
     ) as exc:  # FormatError: the lab's own authoring
         print(f"course grade: {exc}", file=sys.stderr)
         return 2

@@ -10,9 +10,11 @@ submission is graded, and what each step trusts, is in course.grading's docstrin
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
+import shutil
+import sys
+import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -32,13 +34,14 @@ from course.grading.reports import write_feedback, write_gradebook
 from course.grading.results import Limits, Result, blank_scores, questions
 from course.grading.runner import grade_one
 from course.grading.shards import (
-    MANIFEST,
     check_shard,
+    graded_results,
+    read_manifest,
     save_result,
     submission_key,
     write_manifest,
 )
-from course.grading.submission import student_name
+from course.grading.submission import TOOL_LITTER, names, student_name
 
 
 def grade(
@@ -52,13 +55,20 @@ def grade(
     progress: bool = True,
     shard: tuple[int, int] | str | None = None,
     hidden_seed: int | None = None,
+    keep_work: bool = False,
+    replay: Path | str | None = None,
 ) -> dict[str, Result]:
     """Grade every entry of ``submissions`` against the solution notebook ``lab``.
 
     ``shard=(k, n)`` or "k/n": only the k-th of n slices (1 ≤ k ≤ n; entry i in name order
     belongs to slice i mod n + 1), for n graders on n machines; ``merge`` joins their folders.
-    ``hidden_seed``: the run's seed for hidden cases drawn at random (course.grading.seeds);
-    None draws a new one, as every real run should.
+    Hidden cases are drawn from each student's seed (course.grading.seeds): derived from the key
+    stored in ``out`` (a new one where it holds none, as every real run should), or from the
+    key stored in the output folder ``replay`` (the same seeds and verdicts as that run), or
+    ``hidden_seed`` for every submission (the seed a result records: its verdicts again).
+    ``keep_work``: keep each submission's folder in ``out``/.work (its executed notebook, as
+    ``Result.executed``, and logs), to inspect one; otherwise it goes once the feedback page is
+    written (a failed run's, "error", stays).
 
     As root each submission runs as its own uid, from a block of uids that no other grader on
     this machine holds (``uid_block``): graders started side by side never kill each other's
@@ -75,7 +85,9 @@ def grade(
             progress,
             uid_base,
             shard,
-            seeds.run_seed(hidden_seed),
+            keep_work,
+            hidden_seed,
+            replay,
         )
 
 
@@ -90,7 +102,9 @@ def _grade(
     progress: bool = True,
     uid_base: int = UID_BASE,
     shard: tuple[int, int] | str | None = None,
-    run_seed: bytes = b"",
+    keep_work: bool = False,
+    hidden_seed: int | None = None,
+    replay: Path | str | None = None,
 ) -> dict[str, Result]:
     limits = limits or Limits()
     parameters = parameters or {}
@@ -104,11 +118,11 @@ def _grade(
     work = _folders(out)
     iso = Isolation(isolation, uid_base)
     require(iso)
-    entries = sorted(p for p in submissions.iterdir() if not p.name.startswith("."))
     k, n = check_shard(shard or (1, 1))
-    entries = [p for i, p in enumerate(entries) if i % n == k - 1]
-    entries, refused = _refuse_names(entries, qs)
-    write_manifest(out, source_bytes, (k, n), entries, [r.student for r in refused])
+    hidden = seeds.for_run(out, hidden_seed, replay, (k, n))  # stored in out: a re-run keeps it
+    entries, refused = _refuse_names(_submissions_in(submissions), qs, (k, n))
+    students = [student_name(p) for p in entries] + [r.student for r in refused]
+    write_manifest(out, source_bytes, (k, n), students, parameters)
     keys = [(p, submission_key(p, source_bytes, parameters, limits, iso.mode)) for p in entries]
     results, todo = _resume(out, keys)
     unwritten = {}  # what a short disk (or any write error) kept from the output folder
@@ -119,13 +133,13 @@ def _grade(
 
     def task(path, key):
         with slots.take() as slot:
+            job = None  # the submission's own folder in .work, cleaned once its page is written
             try:
+                job = Path(tempfile.mkdtemp(prefix="sub-", dir=work))
                 uid = uid_base + slot if iso.uid else None
                 cpus = slot_cores(slot, jobs)
-                seed = seeds.for_submission(run_seed, student_name(path))
-                r = grade_one(
-                    path, source, qs, work, limits, iso, uid, parameters, cpus, stop, seed
-                )
+                seed = hidden.for_student(student_name(path))
+                r = grade_one(path, source, qs, job, limits, iso, uid, parameters, cpus, stop, seed)
             except Exception as exc:  # the grader's own bug must not sink the batch either
                 r = Result(
                     student_name(path),
@@ -134,7 +148,11 @@ def _grade(
                     blank_scores(qs),
                 )
         r.key = key
-        return r
+        if job is not None and (keep_work or r.status == "error"):
+            job = None  # kept: to inspect, or a failed run's logs (runner.log) for the instructor
+        if job is not None and r.status == "interrupted":  # kept nowhere: nor is its folder
+            shutil.rmtree(job, ignore_errors=True)
+        return r, job
 
     sheets = lambda: manual.write_sheets(out, source, source_bytes, qs, results)  # noqa: E731
     try:
@@ -156,16 +174,18 @@ def mark(lab, out) -> dict[str, Result]:
     lab, out = Path(lab).resolve(), Path(out).resolve()
     source_bytes = lab.read_bytes()
     qs = questions(nbformat.reads(source_bytes.decode(), as_version=4))
-    manifest = out / MANIFEST
-    if not manifest.exists():
-        raise ValueError(f"{out} is not an output folder of `course grade` (no {MANIFEST})")
-    if json.loads(manifest.read_text())["lab_sha256"] != hashlib.sha256(source_bytes).hexdigest():
-        raise ValueError(f"{out} was graded with another version of {lab.name}")
-    results = manual.load_results(out)
+    manifest = read_manifest(out, source_bytes, lab.name)
+    if manifest.get("merged"):  # the sheets are the slices': marked there, then joined again
+        raise ValueError(
+            f"{out} was joined by `course grade-merge` from {len(manifest['merged'])} slices, "
+            f"which hold the written answers' sheets: mark each slice (`course mark {lab.stem} "
+            "SLICE`), then run the same `course grade-merge` again"
+        )
+    results = graded_results(out, manifest)
     manual.apply(results, manual.read_marks(out, source_bytes, qs, set(results)))
     for r in results.values():
         save_result(r, out / "results" / f"{r.student}.json")
-        write_feedback(r, qs, out)
+        write_feedback(r, qs, out, again=True)
     write_gradebook(results, qs, out)
     return results
 
@@ -173,35 +193,37 @@ def mark(lab, out) -> dict[str, Result]:
 def export(lab, out, title: str | None = None) -> Path:
     """`course export`: lms.csv in ``out``, one row per student (course.grading.manual)."""
     lab, out = Path(lab).resolve(), Path(out).resolve()
-    qs = questions(nbformat.read(lab, as_version=4))
-    return manual.export_lms(manual.load_results(out), qs, out, title or lab.stem)
+    source_bytes = lab.read_bytes()
+    qs = questions(nbformat.reads(source_bytes.decode(), as_version=4))
+    results = graded_results(out, read_manifest(out, source_bytes, lab.name))
+    return manual.export_lms(results, qs, out, title or lab.stem)
 
 
-NAME_BYTES = 200  # a student's name becomes file names (results/NAME.json, feedback/NAME.html)
-
-
-def _refuse_names(entries: list[Path], qs) -> tuple[list[Path], list[Result]]:
-    """The entries whose names can be graded, and a refusal for each of the others: a name too
-    long for a file name, or two entries with one name (a folder bob/ beside bob.ipynb), which
-    would overwrite each other's grade. A refusal is named so that it cannot collide."""
-    by_name: dict[str, list[Path]] = {}
+def _submissions_in(folder: Path) -> list[Path]:
+    """The entries of ``folder`` in name order, without what tools leave beside submissions
+    (TOOL_LITTER: Jupyter's checkpoints, macOS's .DS_Store), each skipped with a note to the
+    instructor. Any other name starting with '.' is graded as refused, with the reason."""
+    entries = sorted(folder.iterdir())
     for p in entries:
-        by_name.setdefault(student_name(p), []).append(p)
+        if p.name in TOOL_LITTER:
+            print(f"course grade: skipped {p.name} ({TOOL_LITTER[p.name]})", file=sys.stderr)
+    return [p for p in entries if p.name not in TOOL_LITTER]
+
+
+def _refuse_names(entries: list[Path], qs, shard) -> tuple[list[Path], list[Result]]:
+    """This slice's entries whose names can be graded, and a refusal for each of the others
+    (course.grading.submission.names): entry i of the whole folder, in name order, is in slice
+    i mod n + 1, so a name shared across two slices is refused in both."""
+    k, n = shard
     kept, refused = [], []
-    for name, paths in by_name.items():
-        digest = hashlib.sha256(name.encode(errors="surrogateescape")).hexdigest()[:8]
-        if len(name.encode(errors="surrogateescape")) > NAME_BYTES:
-            why = f"the name is over {NAME_BYTES} bytes: rename the submission and grade again"
-            refused.append(Result(f"{name[:40]}…{digest}", "invalid", why, blank_scores(qs)))
-        elif len(paths) > 1:
-            listed = ", ".join(sorted(p.name for p in paths))
-            for p in paths:
-                why = f"{len(paths)} submissions are named {name!r} ({listed}): keep one"
-                kind = "folder" if p.is_dir() else "file"
-                refused.append(Result(f"{name} ({kind})", "invalid", why, blank_scores(qs)))
+    for i, (path, name, why) in enumerate(names(entries)):
+        if i % n != k - 1:
+            continue
+        if why is None:
+            kept.append(path)
         else:
-            kept += paths
-    return sorted(kept), refused
+            refused.append(Result(name, "invalid", why, blank_scores(qs)))
+    return kept, refused
 
 
 def lab_world(source, parameters: dict) -> int:
@@ -247,6 +269,8 @@ def _resume(out: Path, keys) -> tuple[dict[str, Result], list]:
             if data.get("key") == key and data.get("status") != "error":
                 results[name] = Result(**data)
                 continue
+            # of another submission: `course mark` must not find it before the new one is saved
+            saved.unlink(missing_ok=True)
         todo.append((path, key))
     return results, todo
 
@@ -283,10 +307,10 @@ def _run_all(
     unwritten = {} if unwritten is None else unwritten  # what a short disk kept from `out`
     try:
         for fut in as_completed(futures):
-            r = fut.result()
+            r, job = fut.result()
             if r.status != "interrupted":
                 results[r.student] = r
-                _keep(r, qs, out, results, unwritten)
+                _keep(r, qs, out, results, unwritten, job)
             bar.update(1)
     except KeyboardInterrupt:
         stop.set()
@@ -326,11 +350,16 @@ def _written(write, name: str, unwritten: dict) -> bool:
         return False
 
 
-def _keep(r: Result, qs, out: Path, results: dict, unwritten: dict) -> None:
+def _keep(r: Result, qs, out: Path, results: dict, unwritten: dict, job: Path | None = None):
     """A finished submission's feedback page and saved result, then the gradebook. A write that
     fails costs that submission's files alone (it is graded again next run: no saved result),
-    never the batch: the others are still graded and written."""
+    never the batch: the others are still graded and written. ``job``: the submission's folder
+    in .work, removed once the page is written (the page is what a person reads of the run;
+    `course mark` writes it again from itself)."""
     ok = _written(lambda: write_feedback(r, qs, out), r.student, unwritten)
+    if job is not None:
+        shutil.rmtree(job, ignore_errors=True)
+        r.executed = None
     if ok and _written(
         lambda: save_result(r, out / "results" / f"{r.student}.json"), r.student, unwritten
     ):

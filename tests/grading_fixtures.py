@@ -42,7 +42,8 @@ def source() -> nbformat.NotebookNode:
                 metadata=meta("square", solution=True),
             ),
             new_code_cell(
-                "square_3 = square(3)\n### BEGIN HIDDEN TESTS\nsquare_more = [square(-4), square(0.5)]\n"
+                "square_3 = square(3)\n### BEGIN HIDDEN TESTS\n# hidden inputs fixed: a toy, whose scores the tests know\n"
+                "square_more = [square(-4), square(0.5)]\n"
                 "### END HIDDEN TESTS\n# --- check ---\nassert square_3 == 9, square_3\n"
                 "### BEGIN HIDDEN TESTS\nassert square_more == [16, 0.25], square_more\n"
                 "### END HIDDEN TESTS",
@@ -54,7 +55,8 @@ def source() -> nbformat.NotebookNode:
             ),
             new_code_cell(
                 "inputs = [[1, 2, 3], [5], [-1, 1]]\n"
-                "### BEGIN HIDDEN TESTS\ninputs.append([2, 4, 6, 8])\n### END HIDDEN TESTS\n"
+                "### BEGIN HIDDEN TESTS\n# hidden inputs fixed: a toy, whose scores the tests know\n"
+                "inputs.append([2, 4, 6, 8])\n### END HIDDEN TESTS\n"
                 "means = [mean(xs) for xs in inputs]\n# --- check ---\nimport math\n"
                 "want = [2.0, 5.0, 0.0]\n"
                 "### BEGIN HIDDEN TESTS\nwant.append(5.0)\n### END HIDDEN TESTS\n"

@@ -24,13 +24,16 @@ already graded and unchanged, and slices graded on several machines merge into o
 
 Modules, in the order a submission meets them:
   results      Question, Result, Limits: what a grade is made of; the lab's questions
-  submission   load_submission: a submitted file or folder read without following links
+  submission   load_submission: a submitted file or folder read without following links;
+               names: the name each is graded under, or why it is refused
   assemble     the notebook to run, and each test cut to its probe (the checks stay here)
   isolation    what the machine allows (uids, namespaces, bubblewrap, cgroups), the block of
                uids a grader holds, a submission's processes and their limits
   runner       grade_one: one submission end to end (sandbox, watch, verdicts, executed notebook)
   sandbox      the process that runs a notebook in bubblewrap and streams the probes' data out
-  _kernel_shim the kernel's start: limits, cores, environment, uid, then ipykernel
+  _kernel_shim the kernel's start: limits, cores, environment, uid, then ipykernel; and the
+               hidden part of a probe, run from a file so that no history of the kernel keeps it
+  seeds        each submission's hidden seed, from the run's key kept in its output folder
   plain        the only data that leaves a kernel, and how it is rebuilt outside
   verdict      the checks, run on that data in an interpreter of the grader's
   cells        the authoring format: nbgrader metadata, markers, probe and check
@@ -39,5 +42,6 @@ Modules, in the order a submission meets them:
 
 Imports run one way: these modules may import course.release, course.kernel, course.syllabus
 and helpers, never course.grade or course.cli. This file imports nothing: the sandboxed kernel
-imports course.grading.plain, and must load no more of the grader than that.
+imports course.grading.plain (and _kernel_shim, for hidden pieces), and must load no more of
+the grader than that.
 """

@@ -22,8 +22,10 @@ from __future__ import annotations
 import ast
 import builtins
 import hashlib
+import io
 import re
 import symtable
+import tokenize
 
 MARKERS = {
     "SOLUTION": ("### BEGIN SOLUTION", "### END SOLUTION"),
@@ -308,6 +310,48 @@ def hidden_leaks(check: str) -> list[str]:
     return sorted(leaks)
 
 
+SEED = "COURSE_HIDDEN_SEED"  # course.grading.seeds.ENV: the run's seed, in kernel and checker
+FIXED = "# hidden inputs fixed:"  # a hidden probe's reason for inputs that are not drawn
+
+
+def _mentions_seed(code: str) -> bool:
+    """Whether ``code`` names the seed in code (a string or a name), not only in a comment."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(code).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return False  # not Python: the checks after this one say where
+    return any(SEED in t.string for t in tokens if t.type != tokenize.COMMENT)
+
+
+def check_hidden_draws(probe: str, place: str) -> None:
+    """The hidden part of a probe draws its inputs from the run's seed (it names SEED in code),
+    or says in a comment line ``# hidden inputs fixed: <why>`` why its inputs cannot be drawn.
+    Hidden inputs reach the student's code, so fixed ones can be printed into one run's
+    feedback and answered as a table in the next (README, 'Hidden cases drawn anew every run')."""
+    hidden = "\n".join(code for code, is_hidden in segments(probe) if is_hidden)
+    if not hidden.strip() or _mentions_seed(hidden):
+        return
+    reasons = [
+        line.strip()[len(FIXED) :].strip()
+        for line in hidden.splitlines()
+        if line.strip().startswith(FIXED)
+    ]
+    if reasons and all(reasons):
+        return
+    todo = (
+        f"draw them from the run's seed, random.Random(int(os.environ.get('{SEED}', '0'))), "
+        "in the probe and again in the check (README, 'Hidden cases drawn anew every run'), "
+        "so that a table of one run's inputs fails the next; where they cannot be drawn (a run "
+        f"on ranks), say why in the hidden part, in a comment line '{FIXED} <why>'"
+    )
+    if reasons:
+        raise FormatError(f"{place}: '{FIXED}' in the hidden probe gives no reason: {todo}")
+    raise FormatError(
+        f"{place}: the hidden probe's inputs are fixed (its text does not name {SEED} in "
+        f"code): they reach the student's code, and can be printed into the feedback: {todo}"
+    )
+
+
 def validate_test(source: str, place: str) -> None:
     """A graded test cell follows the probe/check convention, as written and as released."""
     for begin, end in regions(source, "HIDDEN TESTS", place):
@@ -362,6 +406,7 @@ def validate_test(source: str, place: str) -> None:
             "part set or changed: a visible part's messages reach the feedback, and would show "
             "the hidden expectations. Check the hidden cases inside the hidden part"
         )
+    check_hidden_draws(split_test(source)[0], place)
 
 
 def validate(nb) -> None:

@@ -153,7 +153,9 @@ class Isolation:
             "files (bubblewrap): read-only interpreter, environment and the course's helpers; "
             "writable work folder; private /tmp, /var/tmp, /dev/shm; nothing else of the machine",
             "processes: private PID namespace and /proc; environment: an allowlist",
-            f"cgroup limits: {self.cgroup_root}"
+            # cgroup v1's root is a template, a hierarchy per controller: named, not printed
+            "cgroup limits: "
+            + self.cgroup_root.replace("/{controller}", " (v1: memory, pids, cpuset)")
             if self.cgroup_root
             else "no cgroup: memory and processes watched by polling",
         ]

@@ -3,17 +3,22 @@
     course grade LAB SUBS --out OUT   also writes, for every question a person grades,
         OUT/manual/<question>.csv    student, points (blank), comment, max, lab: fill it in a
                                      spreadsheet or an editor (a TA can take one question)
-        OUT/manual/<question>.html   the whole class's answers to it, each beside the model
-                                     answer, with a link to the student's feedback (figures)
+        OUT/manual/<question>.html   the question as the lab asks it, then the whole class's
+                                     answers to it, each beside the model answer, with a link
+                                     to the student's feedback (figures)
     course mark LAB OUT              checks every sheet, then merges it: results, gradebook
                                      (total and max count a written answer once it has points;
                                      "pending" lists the rest), feedback pages with the comments
     course export OUT                lms.csv: one row per student, for an LMS's grade import
 
-A re-run of `course grade` keeps what the sheets hold and adds rows for new students. `mark`
-refuses, before changing anything, a sheet of another lab version, an unknown student, a
-student twice, points that are not a number in [0, max], and a sheet of no question.
-Trusts: the lab, and the sheets (the instructor's). Does not trust: the answers, shown escaped.
+A re-run of `course grade` keeps what the sheets hold for the students it still grades, drops
+the rows of those it no longer does, and adds rows for new students (with the points their
+saved result already has). Names go through reports.to_cell and read back exactly; a sheet
+saved with a byte-order mark (Excel's "CSV UTF-8") reads as one without. `mark` refuses, before
+changing anything, a sheet of another lab version, an unknown student, a student twice, points
+that are not a number in [0, max], and a sheet of no question.
+Trusts: the lab, and the sheets (the instructor's). Does not trust: the answers, shown with
+their HTML escaped.
 """
 
 from __future__ import annotations
@@ -22,12 +27,12 @@ import csv
 import hashlib
 import html
 import io
-import json
 import math
 import urllib.parse
 from pathlib import Path
 
-from course.grading.reports import CSP, STYLE, _text, write_atomic
+from course.grading import cells
+from course.grading.reports import CSP, STYLE, from_cell, markdown, to_cell, write_atomic
 from course.grading.results import Question, Result, pending
 
 FOLDER = "manual"
@@ -51,66 +56,91 @@ def answers_of(notebook, qs: list[Question]) -> dict[str, str]:
     return out
 
 
-FORMULA = ("=", "+", "-", "@", "\t", "\r", "'")
+def asked(source, qs) -> dict[str, tuple[str, str]]:
+    """{written question: (its text, the answer's cell type)}; the text is the Markdown cell
+    just before the answer in the lab, where the labs ask it ("" where that is no question)."""
+    written = {q.grade_id for q in qs if q.manual}
+    found = {}
+    for i, cell in enumerate(source.cells):
+        gid = cells.grade_id(cell)
+        if gid in written and gid not in found:
+            before = source.cells[i - 1] if i else None
+            found[gid] = (_question(before), cell.cell_type)
+    return found
 
 
-def _cell(name: str) -> str:
-    """A student's name as a sheet holds it: a leading apostrophe before a name a spreadsheet
-    would run as a formula (or that starts with one itself), so every name reads back exactly."""
-    return "'" + name if name[:1] in FORMULA else name
-
-
-def _name(cell: str) -> str:
-    """The student's name from a sheet's cell: ``_cell`` undone."""
-    return cell[1:] if cell[:1] == "'" else cell
+def _question(cell) -> str:
+    """A cell's text where it asks a question: Markdown, neither graded nor an answer."""
+    if cell is None or cell.cell_type != "markdown":
+        return ""
+    return "" if cells.is_graded(cell) or cells.info(cell).get("solution") else str(cell.source)
 
 
 def _read(path: Path) -> list[dict]:
-    with open(path, newline="", encoding="utf-8") as f:
+    # utf-8-sig: Excel's "CSV UTF-8" starts with a byte-order mark, which would be read as part
+    # of the first column's name
+    with open(path, newline="", encoding="utf-8-sig") as f:
         return list(csv.DictReader(f))
 
 
+def _row(q: Question, student: str, r: Result, version: str) -> dict:
+    """A new row of ``q``'s sheet: blank, or the points and comment ``r`` already holds (a
+    student graded again after a re-run dropped them loses no marks)."""
+    points = r.scores.get(q.grade_id)
+    return {
+        "student": to_cell(student),  # "=cmd()" stays text in a spreadsheet, and reads back
+        "points": "" if points is None else f"{points:g}",
+        "comment": (r.comments or {}).get(q.grade_id, ""),
+        "max": f"{q.points:g}",
+        "lab": version,
+    }
+
+
 def write_sheets(out: Path, source, source_bytes: bytes, qs, results: dict[str, Result]) -> None:
-    """A sheet and a page per written question; rows already in a sheet are kept as they are."""
+    """A sheet and a page per written question: the rows already in a sheet are kept as they
+    are, but those of students graded here before and not now (their saved results keep what
+    `course mark` merged; a row of no student at all stays for `mark` to refuse), and new
+    students get a row."""
     folder = out / FOLDER
     folder.mkdir(exist_ok=True)
     version = lab_version(source_bytes)
-    model = answers_of(source, qs)
+    model, questions = answers_of(source, qs), asked(source, qs)
+    gone = {p.stem for p in (out / "results").glob("*.json")} - set(results)
     for q in (q for q in qs if q.manual):
         sheet = folder / f"{q.grade_id}.csv"
-        rows = _read(sheet) if sheet.exists() else []
-        have = {_name(row.get("student") or "") for row in rows}
-        rows += [
-            # a name like "=cmd()" stays text in a spreadsheet (reports._text); mark reads it back
-            {
-                "student": _text(s),
-                "points": "",
-                "comment": "",
-                "max": f"{q.points:g}",
-                "lab": version,
-            }
-            for s in sorted(results)
-            if s not in have
-        ]
+        rows = [r for r in (_read(sheet) if sheet.exists() else []) if _student(r) not in gone]
+        have = {_student(row) for row in rows}
+        rows += [_row(q, s, results[s], version) for s in sorted(results) if s not in have]
         buf = io.StringIO()
         writer = csv.DictWriter(buf, COLUMNS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
         write_atomic(sheet, buf.getvalue())
-        write_atomic(folder / f"{q.grade_id}.html", _page(q, model.get(q.grade_id, ""), results))
+        question, kind = questions.get(q.grade_id, ("", "markdown"))
+        page = _page(q, question, kind, model.get(q.grade_id, ""), results)
+        write_atomic(folder / f"{q.grade_id}.html", page)
 
 
-def _page(q: Question, model: str, results: dict[str, Result]) -> str:
+def _student(row: dict) -> str:
+    """The student of a sheet's row, exactly as graded: " carol" is not "carol"."""
+    return from_cell(row.get("student") or "")
+
+
+def _page(q: Question, question: str, kind: str, model: str, results: dict[str, Result]) -> str:
+    """The page a person marks ``q`` from: the question, the model answer, every answer (a
+    written answer's Markdown rendered, its HTML escaped; a code answer as text)."""
+    shown = markdown if kind == "markdown" else lambda text: f"<pre>{html.escape(text)}</pre>"
     parts = [
         "<!doctype html><meta charset='utf-8'>",
         f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">",
-        f"<title>{html.escape(q.grade_id)}</title>",
+        f"<title>{html.escape(q.grade_id)}: up to {q.points:g} points</title>",
         STYLE,
         f"<h1>{html.escape(q.grade_id)} · {q.points:g} points</h1>",
         f"<p>Enter points (0–{q.points:g}) and a comment per student in "
         f"<code>{html.escape(q.grade_id)}.csv</code> beside this page, then run "
         "<code>course mark LAB OUT</code>.</p>",
-        f"<h2>Model answer</h2><pre>{html.escape(model)}</pre>",
+        f"<h2>The question</h2>{markdown(question)}" if question else "",
+        f"<h2>Model answer</h2>{shown(model)}",
     ]
     for name in sorted(results):
         text = (results[name].answers or {}).get(q.grade_id)
@@ -118,7 +148,7 @@ def _page(q: Question, model: str, results: dict[str, Result]) -> str:
         parts.append(
             f"<h2 id='{html.escape(name)}'>{html.escape(name)}</h2>"
             f"<p><a href='{link}'>their notebook as graded, figures included</a></p>"
-            + (f"<pre>{html.escape(text)}</pre>" if text else "<p><i>no answer</i></p>")
+            + (shown(text) if text else "<p><i>no answer</i></p>")
         )
     return "".join(parts)
 
@@ -150,7 +180,7 @@ def read_marks(out: Path, source_bytes: bytes, qs, students) -> dict:
             raise ValueError(f"{sheet.name}: columns must be {', '.join(COLUMNS)}")
         for i, row in enumerate(rows, 2):  # line 1 is the header
             where = f"{sheet.name} line {i}"
-            student = _name(row.get("student") or "")  # exactly: " carol" is not "carol"
+            student = _student(row)
             if (row.get("lab") or "").strip() != version:
                 raise ValueError(
                     f"{where}: the sheet is for lab version {row.get('lab')!r}, this lab is "
@@ -187,14 +217,7 @@ def export_lms(results: dict[str, Result], qs, out: Path, title: str) -> Path:
     w.writerow(["Student", f"{title} ({full:g})", "Max", "Pending written answers"])
     for name in sorted(results):
         r = results[name]
-        w.writerow([_text(name), f"{r.total:g}", f"{full:g}", " ".join(pending(r, qs))])
+        w.writerow([to_cell(name), f"{r.total:g}", f"{full:g}", " ".join(pending(r, qs))])
     path = out / "lms.csv"
     write_atomic(path, buf.getvalue())
     return path
-
-
-def load_results(out: Path) -> dict[str, Result]:
-    return {
-        p.stem: Result(**json.loads(p.read_text()))
-        for p in sorted((out / "results").glob("*.json"))
-    }

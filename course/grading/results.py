@@ -45,7 +45,9 @@ class Result:
     hidden_seed: int | None = None  # the seed its hidden cases were drawn from (grading.seeds)
     answers: dict = field(default_factory=dict)  # written question -> the student's answer
     comments: dict = field(default_factory=dict)  # question -> the grader's comment (course mark)
-    executed: str | None = None  # the executed notebook, in the grader's .work folder
+    # the executed notebook, in the grader's .work folder until the feedback page shows it
+    # (kept there by `course grade --keep-work`, or where the run failed: "error")
+    executed: str | None = None
     isolation: list = field(default_factory=list)
     seconds: float = 0.0
     key: str = ""

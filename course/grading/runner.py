@@ -322,7 +322,10 @@ def _write_executed(notebook, tests: dict, outputs: dict, private: Path) -> Path
             cell.outputs = list(cell.get("outputs", [])) + [
                 nbformat.from_dict(o) for o in outputs.get(gid, [])
             ]
-    nbformat.write(notebook, private / "executed.ipynb")
+    # a lone surrogate (JSON may hold one in a student's text) cannot be UTF-8: written as the
+    # \uXXXX escape it came as, which reads back the same
+    text = nbformat.writes(notebook)
+    (private / "executed.ipynb").write_text(text, encoding="utf-8", errors="backslashreplace")
     return private / "executed.ipynb"
 
 

@@ -37,7 +37,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from course.grading import cells
+from course.grading import _kernel_shim, cells
 from course.grading.isolation import bwrap_sizes, sized_work_folder
 from course.grading.plain import MAX_BYTES, MIME
 
@@ -182,15 +182,15 @@ def run_test_cell(client, cell, index: int, names: list[str], timeout_output) ->
     # (This runs in the kernel, so a submission could undo it: it only spares an honest check
     # from stale values. A forged value still has to be right to pass a check.)
     forget = f"__import__('course.grading.plain', fromlist=['forget']).forget({names!r})"
-    try:
-        client.execute_cell(nbformat.v4.new_code_cell(forget), index)
+    try:  # the grader's own cells stay out of the kernel's history: In is the notebook's
+        client.execute_cell(nbformat.v4.new_code_cell(forget), index, store_history=False)
     except CellTimeoutError:
         error = "TimeoutError: the kernel did not answer before the probe"
     for code, hidden in cells.segments(cell.source) if error is None else []:
         piece = nbformat.v4.new_code_cell(code)
         client.timed_out = False
-        try:
-            client.execute_cell(piece, index)
+        try:  # a hidden piece goes as a file: its lines stay out of the kernel's history
+            _kernel_shim.execute_piece(client, piece, hidden, index)
         except CellTimeoutError:
             piece.outputs.append(timeout_output())
         errors = [o for o in piece.outputs if o.get("output_type") == "error"]
@@ -214,7 +214,7 @@ def run_test_cell(client, cell, index: int, names: list[str], timeout_output) ->
         )
         client.published = []
         try:
-            client.execute_cell(export, index)
+            client.execute_cell(export, index, store_history=False)
         except CellTimeoutError:
             pass
         data = client.published[0] if client.published else None

@@ -6,11 +6,16 @@ show them in the feedback, a FIFO could hang it, a huge file could exhaust its m
 folder is walked without following links and refused whole if anything in it is not a plain
 file or folder; the notebook is opened without following a link, checked to be a regular file
 with one name, read up to a cap, and parsed as JSON, then as a notebook.
+``names`` gives each submission the name it is graded under, or a reason it cannot be: a name
+becomes file names (results/NAME.json, feedback/NAME.html) and the gradebook's rows, so one that
+is not UTF-8, hidden, too long, or shared by two entries is refused alone, under a name of its
+own that no other entry takes.
 Trusts: nothing of the submission; a refusal is a reason the student reads in the feedback.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -24,6 +29,12 @@ MAX_SUBMISSION = 64 * 2**20  # bytes of a submitted notebook, outputs included
 # count, before any of that, as a source bigger than any answer needs.
 MAX_CELLS = 2_000
 MAX_SOURCE = 4 * 2**20  # characters of source, all cells together
+NAME_BYTES = 200  # of a student's name, which becomes file names (results/NAME.json)
+
+
+def shown(name: str) -> str:
+    """A file name as text that can be written anywhere: bytes that are not UTF-8 as \\xNN."""
+    return os.fsencode(name).decode("utf-8", "backslashreplace")
 
 
 def _notebooks_in(folder: Path) -> tuple[list[Path], str | None]:
@@ -43,11 +54,11 @@ def _notebooks_in(folder: Path) -> tuple[list[Path], str | None]:
                 break
             rel = p.relative_to(folder)
             if p.is_symlink():
-                return [], f"{rel} is a symbolic link: links are not accepted in a submission"
+                return [], f"{shown(str(rel))} is a symbolic link: links are not accepted"
             if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
-                return [], f"{rel} is not a regular file: submit only files and folders"
+                return [], f"{shown(str(rel))} is not a regular file: submit only files and folders"
             if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
-                return [], f"{rel} is a hard link to another file: submit a copy"
+                return [], f"{shown(str(rel))} is a hard link to another file: submit a copy"
         if unreadable:
             break
         dirs[:] = [d for d in dirs if d != ".ipynb_checkpoints"]
@@ -63,17 +74,17 @@ def _read_regular(path: Path) -> tuple[bytes | None, str | None]:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
     except OSError as exc:
-        return None, f"{path.name} cannot be read safely ({exc.strerror})"
+        return None, f"{shown(path.name)} cannot be read safely ({exc.strerror})"
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):
-            return None, f"{path.name} is not a regular file"
+            return None, f"{shown(path.name)} is not a regular file"
         if st.st_nlink > 1:
-            return None, f"{path.name} is a hard link to another file: submit a copy"
+            return None, f"{shown(path.name)} is a hard link to another file: submit a copy"
         raw = f.read(MAX_SUBMISSION + 1)
         if len(raw) > MAX_SUBMISSION:
             return None, (
-                f"{path.name} is over {MAX_SUBMISSION // 2**20} MiB: clear its outputs "
+                f"{shown(path.name)} is over {MAX_SUBMISSION // 2**20} MiB: clear its outputs "
                 "(Edit > Clear Outputs of All Cells) and submit again"
             )
         return raw, None
@@ -113,10 +124,66 @@ def student_name(path: Path) -> str:
     return path.stem if path.is_file() else path.name
 
 
+# What tools leave in a folder of submissions, never a student's: skipped with a note
+TOOL_LITTER = {
+    ".ipynb_checkpoints": "Jupyter's checkpoints, not a submission",
+    ".DS_Store": "macOS's folder settings, not a submission",
+}
+
+
+def unnamable(name: str) -> str | None:
+    """Why no submission can be graded under ``name`` (None: it can)."""
+    if shown(name) != name:  # it would not survive gradebook.csv, a sheet or an LMS
+        return "the name is not UTF-8: rename it (e.g. to the student's id) and grade again"
+    if name.startswith("."):
+        return "the name starts with '.', as hidden files do: rename it if it is a submission"
+    if len(name.encode()) > NAME_BYTES:
+        return f"the name is over {NAME_BYTES} bytes: rename the submission and grade again"
+    return None
+
+
+def names(entries: list[Path]) -> list[tuple[Path, str, str | None]]:
+    """(entry, the name it is graded under, why it is refused or None) for each of ``entries``,
+    in their order. An entry graded keeps ``student_name``; one refused (its name ``unnamable``,
+    or shared with another entry: a folder bob/ beside bob.ipynb would overwrite one grade) gets
+    a readable name that no entry graded or refused takes ("bob (file) #2" beside a student's
+    own "bob (file).ipynb"), so no row of the gradebook overwrites another."""
+    by_name: dict[str, list[Path]] = {}
+    for p in entries:
+        by_name.setdefault(student_name(p), []).append(p)
+    kept = {name for name, same in by_name.items() if len(same) == 1 and not unnamable(name)}
+    taken, out = set(kept), []
+    for p in entries:
+        name = student_name(p)
+        if name in kept:
+            out.append((p, name, None))
+            continue
+        why, label = unnamable(name), shown(name)
+        if why is None:
+            same = by_name[name]
+            listed = ", ".join(sorted(q.name for q in same))
+            why = f"{len(same)} submissions are named {name!r} ({listed}): keep one"
+            label = f"{name} ({'folder' if p.is_dir() else 'file'})"
+        if len(label.encode()) > NAME_BYTES:
+            label = f"{label[:40]}…{hashlib.sha256(os.fsencode(name)).hexdigest()[:8]}"
+        out.append((p, _unique(label, taken), why))
+    return out
+
+
+def _unique(label: str, taken: set) -> str:
+    """``label``, or ``label #2``, ``#3``... the first that is not ``taken``; now taken."""
+    name, n = label, 1
+    while name in taken:
+        n += 1
+        name = f"{label} #{n}"
+    taken.add(name)
+    return name
+
+
 def load_submission(path: Path):
     """(notebook, None) or (None, reason) for anything that is not a readable notebook."""
     if path.is_symlink():
-        return None, f"{path.name} is a symbolic link: submit the notebook itself"
+        return None, f"{shown(path.name)} is a symbolic link: submit the notebook itself"
     if path.is_dir():
         found, refused = _notebooks_in(path)
         if refused:
@@ -125,7 +192,7 @@ def load_submission(path: Path):
             return None, "no .ipynb file in the submission folder"
         path = found[0]
     if path.suffix != ".ipynb":
-        return None, f"not a notebook ({path.name})"
+        return None, f"not a notebook ({shown(path.name)})"
     raw, refused = _read_regular(path)
     if refused:
         return None, refused

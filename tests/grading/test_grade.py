@@ -183,7 +183,9 @@ def test_hostile_and_broken_submissions(assignment, tmp_path):
         fd = inner
     os.close(fd)
     limits = Limits(cell_timeout=8, budget=60, memory=1536 * 2**20, processes=64)
-    results = grade(src, folder, tmp_path / "out", jobs=2, limits=limits, progress=False)
+    results = grade(
+        src, folder, tmp_path / "out", jobs=2, limits=limits, progress=False, keep_work=True
+    )
     r = {k: (v.status, v.total, v.reason, v.flags, v.errors) for k, v in results.items()}
     assert len(results) == len(subs) + 2  # nobody aborted the batch
     assert r["sparse_tib"][:2] == ("graded", 6.0)  # only the notebook is read
@@ -447,6 +449,7 @@ def test_ranks_run_inside_the_sandbox_and_a_stuck_submission_hits_the_budget(
         # the stuck one ignores the timeout's interrupt and is stopped by the budget
         limits=Limits(cell_timeout=30, budget=60),
         progress=False,
+        keep_work=True,  # the executed notebook, read below
     )
     assert results["launches"].status == "graded" and results["launches"].total == 6.0
     nb = nbformat.read(results["launches"].executed, as_version=4)

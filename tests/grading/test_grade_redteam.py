@@ -103,7 +103,15 @@ def graded(tmp_path_factory):
     saved = tempfile.tempdir, os.environ.get("TMPDIR")
     tempfile.tempdir, os.environ["TMPDIR"] = str(own), str(own)
     try:
-        results = grade(src, write(root / "subs", subs), out, jobs=2, progress=False, limits=LIMITS)
+        results = grade(
+            src,
+            write(root / "subs", subs),
+            out,
+            jobs=2,
+            progress=False,
+            limits=LIMITS,
+            keep_work=True,
+        )
     finally:
         tempfile.tempdir = saved[0]
         os.environ.pop("TMPDIR") if saved[1] is None else os.environ.update(TMPDIR=saved[1])
@@ -483,18 +491,21 @@ def forged(tmp_path_factory):
         name: with_forgery(student, forgery, ANSWERS.get(name))
         for name, forgery in FORGERIES.items()
     }
-    # Reads every cell the kernel runs and prints them at the end, into the feedback page.
+    # Reads every cell the kernel runs, and every input of its square, and prints them at the
+    # end, into the feedback page.
     spy = with_forgery(
-        answer(student),
+        answer(student, square="SEEN.append(x); return x * x"),
         """
-        seen = []
+        seen, SEEN = [], []
         get_ipython().events.register("pre_run_cell", lambda info: seen.append(info.raw_cell))
         """,
     )
-    spy.cells.append(new_code_cell("print('\\n'.join(seen))"))
+    spy.cells.append(new_code_cell("print('\\n'.join(seen)); print('inputs', SEEN)"))
     subs["reads_the_cells_it_runs"] = spy
     out = root / "out"
-    results = grade(src, write(root / "subs", subs), out, jobs=2, progress=False, limits=LIMITS)
+    results = grade(
+        src, write(root / "subs", subs), out, jobs=2, progress=False, limits=LIMITS, keep_work=True
+    )
     return results, out
 
 
@@ -530,7 +541,7 @@ def test_a_submission_sees_hidden_inputs_never_hidden_checks(forged):
     results, out = forged
     assert results["reads_the_cells_it_runs"].total == 6.0
     page = feedback(out, "reads_the_cells_it_runs")
-    assert "square(-4)" in page  # a hidden probe's inputs reach the student's code: by design
+    assert "-4, 0.5" in page  # a hidden probe's inputs reach the student's code: by design
     assert "[16, 0.25]" not in page and "want.append(5.0)" not in page  # its checks never do
 
 
@@ -571,6 +582,7 @@ def tensor_source():
                 """
                 got = double(torch.arange(4.0))
                 ### BEGIN HIDDEN TESTS
+                # hidden inputs fixed: these tests forge the verdict, not the inputs
                 more = double(torch.ones(2, 3))
                 ### END HIDDEN TESTS
                 # --- check ---
@@ -587,6 +599,7 @@ def tensor_source():
                 """
                 got = halve(np.arange(4.0))
                 ### BEGIN HIDDEN TESTS
+                # hidden inputs fixed: these tests forge the verdict, not the inputs
                 more = halve(np.full(3, 5.0))
                 ### END HIDDEN TESTS
                 # --- check ---
@@ -607,6 +620,7 @@ def tensor_source():
                 """
                 sums = helpers.launch(rank_sum, world_size=2, output="none")
                 ### BEGIN HIDDEN TESTS
+                # hidden inputs fixed: a run on ranks
                 sums_3 = helpers.launch(rank_sum, world_size=3, output="none")
                 ### END HIDDEN TESTS
                 # --- check ---
@@ -738,7 +752,13 @@ def messages(tmp_path_factory):
         nb.cells += [new_code_cell(part) for part in parts]
         subs[name] = nb
     results = grade(
-        src, write(root / "subs", subs), root / "out", jobs=2, progress=False, limits=LIMITS
+        src,
+        write(root / "subs", subs),
+        root / "out",
+        jobs=2,
+        progress=False,
+        limits=LIMITS,
+        keep_work=True,
     )
     return results, root / "out"
 
@@ -852,6 +872,7 @@ def test_a_key_left_in_the_uids_keyring_is_gone_for_the_next_submission(tmp_path
         tmp_path / "out",
         jobs=1,
         progress=False,
+        keep_work=True,
         limits=LIMITS,
     )
 
@@ -957,6 +978,7 @@ def test_a_kernel_that_fills_the_disk_fills_only_its_own_sized_folder(tmp_path):
         jobs=1,
         progress=False,
         limits=limits,
+        keep_work=True,
     )
     nb = nbformat.read(results["a_filler"].executed, as_version=4)
     printed = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))

@@ -1,11 +1,13 @@
 """Hidden cases drawn from the grading run's seed (course.grading.seeds): a table of one run's
 hidden inputs and answers, printed into its feedback and solved offline, scores 0 in the next
-run, while a correct answer scores fully whatever the seed."""
+run, while a correct answer scores fully whatever the seed; and a run replays, with the key its
+output folder keeps, to the same seeds and verdicts."""
 
 from __future__ import annotations
 
 import json
 import random
+import stat
 
 import nbformat
 import pytest
@@ -67,14 +69,26 @@ SEEN = []
 SPY_NOTES = "for n in SEEN:\n    print('ASKED', n)"
 
 
-def graded(tmp_path, subs: dict, seed: int, name: str) -> dict:
+def graded(tmp_path, subs: dict, name: str, out=None, **options) -> dict:
+    """``subs`` graded into out-NAME (or ``out``); ``options`` go to course.grade.grade."""
     lab = tmp_path / "lab.ipynb"
-    nbformat.write(source(), lab)
+    if not lab.exists():  # one version of the lab for every run (cell ids are random)
+        nbformat.write(source(), lab)
     folder = tmp_path / f"subs-{name}"
     folder.mkdir()
     for student, nb in subs.items():
         nbformat.write(nb, folder / f"{student}.ipynb")
-    return grade(lab, folder, tmp_path / f"out-{name}", hidden_seed=seed, progress=False)
+    out = out or tmp_path / f"out-{name}"
+    return grade(lab, folder, out, progress=False, keep_work=True, **options)
+
+
+def table_of(result) -> nbformat.NotebookNode:
+    """The submission a student makes offline from the inputs ``result``'s feedback printed:
+    a table of their answers, right exactly where that run's seed asks."""
+    table = {n: sum(map(int, str(n))) for n in asked(result)}
+    return submission(
+        f"    return {json.dumps({str(k): v for k, v in table.items()})}.get(str(n), 0)\n"
+    )
 
 
 def asked(result) -> list[int]:
@@ -88,21 +102,18 @@ def test_the_source_obeys_the_release_rules():
 
 
 def test_a_table_of_the_last_runs_hidden_cases_scores_nothing_in_the_next(tmp_path):
-    first_run = random.randrange(1, 2**31)
     # Run 1: the spy prints every input it is called with; its feedback shows them.
-    spy = graded(tmp_path, {"student": submission(SPY, SPY_NOTES)}, first_run, "spy")["student"]
+    spy = graded(tmp_path, {"student": submission(SPY, SPY_NOTES)}, "spy")["student"]
     inputs = [n for n in asked(spy) if n != 10]
     assert spy.scores["test_digit_sum"] == 0.0 and len(inputs) == 6, (spy.errors, inputs)
-    assert spy.hidden_seed == seeds.for_submission(seeds.run_seed(first_run), "student")
+    assert spy.hidden_seed == seeds.stored(tmp_path / "out-spy").for_student("student")
     # Offline, the student solves those inputs and submits the answers as a table.
-    table = {n: sum(map(int, str(n))) for n in [10, *inputs]}
-    body = f"    return {json.dumps({str(k): v for k, v in table.items()})}.get(str(n), 0)\n"
-    subs = {"student": submission(body), "correct": source(), "forger": forger()}
+    subs = {"student": table_of(spy), "correct": source(), "forger": forger()}
     # The same seed again (what fixed hidden inputs amount to): the table passes...
-    replay = graded(tmp_path, subs, first_run, "replay")
+    replay = graded(tmp_path, subs, "replay", replay=tmp_path / "out-spy")
     assert replay["student"].scores["test_digit_sum"] == 2.0, replay["student"].errors
     # ...a new run's seed draws new cases: the table scores 0, a correct answer 2.
-    fresh = graded(tmp_path, subs, first_run + 1, "fresh")
+    fresh = graded(tmp_path, subs, "fresh")
     assert fresh["student"].scores["test_digit_sum"] == 0.0
     assert fresh["student"].hidden_seed != replay["student"].hidden_seed
     assert fresh["correct"].scores["test_digit_sum"] == 2.0, fresh["correct"].errors
@@ -111,6 +122,85 @@ def test_a_table_of_the_last_runs_hidden_cases_scores_nothing_in_the_next(tmp_pa
     forged = fresh["forger"]
     assert forged.status == "graded" and forged.scores["test_digit_sum"] == 0.0, forged.reason
     assert "AssertionError" in forged.errors["test_digit_sum"]
+
+
+def test_a_run_replays_from_its_output_folder_where_its_key_stays(tmp_path):
+    """Issue 41: a default run's key was kept nowhere, so no run could be replayed, and
+    --hidden-seed N derived seeds from N instead of using it."""
+    from course import cli
+
+    first = graded(tmp_path, {"student": submission(SPY, SPY_NOTES)}, "first")["student"]
+    out = tmp_path / "out-first"
+    # The key is in the output folder, the grader's user's alone, and nowhere else there.
+    key = out / seeds.KEY_FILE
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert stat.S_IMODE(key.parent.stat().st_mode) == 0o700
+    secret = json.loads(key.read_text())["key"].encode()
+    others = [p for p in out.rglob("*") if p.is_file() and p != key]
+    assert others and not [p for p in others if secret in p.read_bytes()]
+    # `course grade --replay OUT` into a new folder: the same seed, the same verdicts (the
+    # table of the first run's cases passes only at its seed).
+    table = tmp_path / "subs-table"
+    table.mkdir()
+    nbformat.write(table_of(first), table / "student.ipynb")
+    lab, again = str(tmp_path / "lab.ipynb"), tmp_path / "out-again"
+    argv = ["grade", lab, str(table), "--out", str(again), "--replay", str(out)]
+    assert cli.main(argv) == 0
+    replayed = grade(lab, table, again, progress=False)["student"]  # resumed: what it saved
+    assert replayed.hidden_seed == first.hidden_seed
+    assert replayed.scores["test_digit_sum"] == 2.0, replayed.errors
+    # A re-run into the first folder grades the changed submission with the key stored there.
+    rerun = grade(lab, table, out, progress=False)["student"]
+    assert (rerun.hidden_seed, rerun.scores["test_digit_sum"]) == (first.hidden_seed, 2.0)
+    # --hidden-seed N is every submission's seed, exactly: a result's hidden_seed gives its
+    # verdicts again, whatever the student's name.
+    one = graded(tmp_path, {"renamed": table_of(first)}, "one", hidden_seed=first.hidden_seed)
+    assert one["renamed"].hidden_seed == first.hidden_seed
+    assert one["renamed"].scores["test_digit_sum"] == 2.0, one["renamed"].errors
+    assert seeds.stored(tmp_path / "out-one") == seeds.Hidden(seed=first.hidden_seed)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"hidden_seed": 5}, "was graded with other hidden cases"),  # out holds another key
+        ({"replay": "nowhere"}, "holds no hidden key"),
+        ({"hidden_seed": 5, "replay": "out"}, "not both"),
+        ({"hidden_seed": 0}, "0 is the public seed"),
+    ],
+)
+def test_a_seed_that_would_mix_runs_or_means_nothing_is_refused(tmp_path, options, message):
+    out = tmp_path / "out"
+    seeds.for_run(out)  # a folder graded before, with its own key
+    if options.get("replay"):
+        options["replay"] = tmp_path / options["replay"]
+    with pytest.raises(seeds.SeedError, match=message):
+        seeds.for_run(out, **options)
+    # said by the command as an error, not a traceback
+    nbformat.write(source(), tmp_path / "lab.ipynb")
+    (tmp_path / "subs").mkdir()
+    argv = ["grade", str(tmp_path / "lab.ipynb"), str(tmp_path / "subs"), "--out", str(out)]
+    for name, value in options.items():
+        argv += [f"--{name.replace('_', '-')}", str(value)]
+    from course import cli
+
+    assert cli.main(argv) == 2
+
+
+def test_a_merged_run_replays_slice_by_slice_with_each_slices_key(tmp_path):
+    subs = {"ann": submission(SPY, SPY_NOTES), "bob": submission(SPY, SPY_NOTES)}
+    one = graded(tmp_path, subs, "one", shard=(1, 2))  # ann
+    two = graded(tmp_path, subs, "two", shard=(2, 2))  # bob, with another key
+    lab, merged = tmp_path / "lab.ipynb", tmp_path / "merged"
+    from course.grading.shards import merge
+
+    merge(lab, [tmp_path / "out-one", tmp_path / "out-two"], merged)
+    with pytest.raises(seeds.SeedError, match="replay one slice at a time, with --shard K/N"):
+        seeds.stored(merged)
+    again = graded(tmp_path, subs, "again", shard=(2, 2), replay=merged)
+    assert again["bob"].hidden_seed == two["bob"].hidden_seed
+    assert again["bob"].hidden_seed != seeds.stored(tmp_path / "out-one").for_student("bob")
+    assert asked(again["bob"]) == asked(two["bob"]) and "ann" in one
 
 
 def forger() -> nbformat.NotebookNode:
@@ -126,8 +216,8 @@ def forger() -> nbformat.NotebookNode:
 
 @pytest.mark.parametrize("run", [1, 2, 3, 4, 5])
 def test_seeds_differ_by_student_and_run_and_are_never_the_public_zero(run):
-    key = seeds.run_seed(run)
+    key = seeds.new_key()
     a, b = seeds.for_submission(key, "ann"), seeds.for_submission(key, "bob")
-    assert a != b and a != seeds.for_submission(seeds.run_seed(run + 100), "ann")
+    assert a != b and a != seeds.for_submission(seeds.new_key(), "ann")
     assert 0 < a < 2**31 and 0 < b < 2**31
-    assert seeds.run_seed() != seeds.run_seed() and len(seeds.run_seed()) == 16  # 128 bits
+    assert len(key) == 16 and key != seeds.new_key()  # 128 bits, new each time

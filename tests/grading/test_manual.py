@@ -12,9 +12,10 @@ import sys
 
 import nbformat
 import pytest
-from grading_fixtures import answer, plain_submissions, release, write
+from grading_fixtures import answer, cell_index, plain_submissions, source, write
 
 from course.grade import grade
+from course.release import student_version
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
@@ -41,14 +42,38 @@ def fill(sheet, marks: dict, extra: list[dict] = ()):
         w.writerows([*table, *extra])
 
 
+QUESTION = "**Question (1 point).** Why is the square *never* negative?"
+MARKDOWN = """*Because* `x * x` is x squared:
+
+| x | x * x |
+|---|---|
+| -2 | 4 |
+
+<script>alert(1)</script> <img src=x onerror=alert(2)>"""
+
+
+def release_with_question(folder):
+    """The toy lab with its written question asked in the Markdown cell before the answer, as
+    the course's labs ask theirs."""
+    nb = source()
+    nb.cells.insert(cell_index(nb, "why"), nbformat.v4.new_markdown_cell(QUESTION))
+    path = folder / "source" / "ps1.ipynb"
+    path.parent.mkdir(parents=True)
+    nbformat.write(nb, path)
+    return path, student_version(nb)
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("manual")
-    lab, student = release(tmp)
+    lab, student = release_with_question(tmp)
     subs = plain_submissions(student)
     subs["correct"] = answer(student)
     subs["=2+3"] = answer(student)  # a folder name a spreadsheet would run as a formula
-    write(tmp / "subs", {k: subs[k] for k in ("correct", "wrong_square", "unanswered", "=2+3")})
+    subs["tables"] = answer(student)
+    subs["tables"].cells[cell_index(subs["tables"], "why")].source = MARKDOWN
+    names = ("correct", "wrong_square", "unanswered", "=2+3", "tables")
+    write(tmp / "subs", {k: subs[k] for k in names})
     grade(lab, tmp / "subs", tmp / "out", progress=False)
     return lab, tmp / "subs", tmp / "out"
 
@@ -56,13 +81,33 @@ def graded(tmp_path_factory):
 def test_grading_writes_a_sheet_and_a_page_per_written_question(graded):
     lab, _, out = graded
     sheet = rows(out / "manual" / "why.csv")
-    assert [r["student"] for r in sheet] == ["'=2+3", "correct", "unanswered", "wrong_square"]
+    students = [r["student"] for r in sheet]
+    assert students == ["'=2+3", "correct", "tables", "unanswered", "wrong_square"]
     assert all(r["points"] == "" and r["max"] == "1" for r in sheet)
     page = (out / "manual" / "why.html").read_text()
     assert "A real number times itself is never negative." in page  # the student's answer
     assert "Model answer" in page and "../feedback/correct.html" in page
+    # the question, as the lab asks it (its Markdown rendered), above the answers
+    asked = "<strong>Question (1 point).</strong> Why is the square <em>never</em> negative?"
+    assert asked in page and page.index(asked) < page.index("never negative.")
     book = {r["student"]: r for r in rows(out / "gradebook.csv")}
     assert book["correct"]["pending"] == "why" and book["correct"]["max"] == "6.0"
+    # a page's title gives the points with the maximum, and says what is still to be read
+    title = "<title>Feedback: correct: 6 / 7 points (1 written answer to be read)</title>"
+    assert title in (out / "feedback" / "correct.html").read_text()
+
+
+def test_markdown_is_rendered_and_the_students_html_stays_text(graded):
+    """Feedback pages and the written question's page showed Markdown as raw text (a table as
+    pipes); rendered now, a student's raw HTML escaped (and scripts forbidden by the page)."""
+    _, _, out = graded
+    for page in (out / "feedback" / "tables.html", out / "manual" / "why.html"):
+        text = page.read_text()
+        assert "<em>Because</em> <code>x * x</code>" in text and "<td>-2</td>" in text, page
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text and "<script" not in text, page
+        assert "&lt;img src=x onerror=alert(2)&gt;" in text and "<img src=x" not in text, page
+    lab = (out / "feedback" / "correct.html").read_text()
+    assert "<h1>Problem set 1</h1>" in lab  # the lab's own Markdown too
 
 
 @pytest.mark.parametrize(
@@ -125,6 +170,9 @@ def test_marks_merge_into_gradebook_feedback_and_the_lms_file(graded, tmp_path):
             "'=2+3": ("1", ""),
         },
     )
+    assert (
+        "<title>Feedback: correct: 6 / 7 points" in (out / "feedback" / "correct.html").read_text()
+    )
     done = course("mark", lab, out)
     assert done.returncode == 0, done.stderr
     book = {r["student"]: r for r in rows(out / "gradebook.csv")}
@@ -135,7 +183,12 @@ def test_marks_merge_into_gradebook_feedback_and_the_lms_file(graded, tmp_path):
     assert book["'=2+3"]["total"] == "7.0"  # the name read back from its sheet, marked
     page = (out / "feedback" / "correct.html").read_text()
     assert "Right: x·x ≥ 0 for every real x." in page
-    assert "Your notebook, as graded" in page  # the page written again keeps the notebook
+    assert "<title>Feedback: correct: 7 / 7 points</title>" in page
+    # the page written again keeps the notebook (its executed copy is gone from .work)
+    assert (
+        "Your notebook, as graded" in page
+        and "<td>-2</td>" in (out / "feedback" / "tables.html").read_text()
+    )
     # A re-run of `course grade` keeps the marks (and the sheets' filled rows).
     grade(lab, subs, out, progress=False)
     assert rows(out / "manual" / "why.csv")[0]["points"] == "1"
@@ -163,3 +216,63 @@ def test_the_sheets_page_reads_in_a_browser(graded, tmp_path):
         width = view.evaluate("document.documentElement.scrollWidth")
         browser.close()
     assert "why · 1 points" in text and "never negative" in text and width <= 1280
+
+
+def test_a_sheet_saved_as_excels_csv_utf8_is_read(graded, tmp_path):
+    """Excel's "CSV UTF-8" starts the file with a byte-order mark: it was refused."""
+    lab, _, out = graded
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy, symlinks=True)
+    sheet = copy / "manual" / "why.csv"
+    fill(sheet, {"correct": ("1", "")})
+    sheet.write_bytes(b"\xef\xbb\xbf" + sheet.read_bytes().replace(b"\n", b"\r\n"))
+    done = course("mark", lab, copy)
+    assert done.returncode == 0, done.stderr
+    assert {r["student"]: r for r in rows(copy / "gradebook.csv")}["correct"]["total"] == "7.0"
+
+
+def test_mark_on_a_merged_folder_says_to_mark_each_slice_then_merge(graded, tmp_path):
+    lab, _, out = graded
+    merged = tmp_path / "merged"
+    assert course("grade-merge", lab, merged, out).returncode == 0
+    done = course("mark", lab, merged)
+    assert done.returncode == 2 and "mark each slice" in done.stderr, done.stderr
+    assert "mark each slice" in " ".join(course("mark", "--help").stdout.split())
+    assert course("export", lab, merged).returncode == 0  # the merged folder exports
+
+
+def test_grade_merge_refuses_slices_graded_with_two_profiles(tmp_path):
+    lab, _ = release_with_question(tmp_path)
+    (tmp_path / "subs").mkdir()
+    slices = [tmp_path / "slice1", tmp_path / "slice2"]
+    grade(lab, tmp_path / "subs", slices[0], shard=(1, 2), progress=False)
+    grade(lab, tmp_path / "subs", slices[1], shard=(2, 2), progress=False, parameters={"n": 4})
+    done = course("grade-merge", lab, tmp_path / "merged", *slices)
+    assert done.returncode == 2 and "--profile" in done.stderr, done.stderr
+
+
+def test_a_student_graded_no_more_stays_out_of_mark_and_export(tmp_path):
+    """Graded with a and b, then the same --out from a folder without b: the gradebook dropped
+    b, and `course mark` and `course export` brought b back from its saved result."""
+    lab, student = release_with_question(tmp_path)
+    out = tmp_path / "out"
+    subs = write(tmp_path / "subs", {"a": answer(student), "b": answer(student)})
+    grade(lab, subs, out, progress=False)
+    fill(out / "manual" / "why.csv", {"a": ("1", ""), "b": ("1", "")})
+    assert course("mark", lab, out).returncode == 0
+    (subs / "b.ipynb").unlink()
+    grade(lab, subs, out, progress=False)
+    assert [r["student"] for r in rows(out / "gradebook.csv")] == ["a"]
+    assert [r["student"] for r in rows(out / "manual" / "why.csv")] == ["a"]
+    done = course("mark", lab, out)
+    assert done.returncode == 0, done.stderr
+    assert [r["student"] for r in rows(out / "gradebook.csv")] == ["a"]
+    assert course("export", lab, out).returncode == 0
+    assert [r["Student"] for r in rows(out / "lms.csv")] == ["a"]
+    # b back: graded again under the marks it had, none lost
+    write(subs, {"b": answer(student)})
+    grade(lab, subs, out, progress=False)
+    assert {r["student"]: r["why (1)"] for r in rows(out / "gradebook.csv")} == {
+        "a": "1.0",
+        "b": "1.0",
+    }

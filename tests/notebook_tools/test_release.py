@@ -28,7 +28,9 @@ def nbg(gid, **kw):
 
 
 TEST = (
-    "got = shard(4, 0, 2)\n### BEGIN HIDDEN TESTS\nmore = shard(5, 1, 2)\n### END HIDDEN TESTS\n"
+    "got = shard(4, 0, 2)\n### BEGIN HIDDEN TESTS\n"
+    "# hidden inputs fixed: a toy, whose cases the tests spell out\n"
+    "more = shard(5, 1, 2)\n### END HIDDEN TESTS\n"
     "# --- check ---\nassert got == [0, 2]\n### BEGIN HIDDEN TESTS\nassert more == [1, 3]\n"
     "### END HIDDEN TESTS"
 )
@@ -151,8 +153,8 @@ test_cell.__test__ = False  # a helper, not a test
         ),
         (
             test_cell(
-                "### BEGIN HIDDEN TESTS\nmore = shard(5, 1, 2)\n### END HIDDEN TESTS\n"
-                "# --- check ---\nassert more == [1, 3]"
+                "### BEGIN HIDDEN TESTS\n# hidden inputs fixed: a toy\nmore = shard(5, 1, 2)\n"
+                "### END HIDDEN TESTS\n# --- check ---\nassert more == [1, 3]"
             ),
             r"the check reads more \(as released, hidden tests left out\)",
         ),
@@ -226,6 +228,77 @@ def test_checks_that_hold_against_any_probe_data_are_accepted(check):
     nb = solution_notebook()
     test_cell(f"got = [shard(4, 0, 2)]\n# --- check ---\n{check}")(nb)
     student_version(nb)  # no FormatError
+
+
+# A hidden probe's inputs must come from the run's seed, or the cell says why they cannot
+# (issue 41: lab 02's fixed hidden inputs were printed into a feedback page and tabled).
+SEEDED = (
+    "got = shard(4, 0, 2)\n### BEGIN HIDDEN TESTS\nimport os, random\n"
+    "_rng = random.Random(int(os.environ.get('COURSE_HIDDEN_SEED', '0')))\n"
+    "_n = _rng.randint(3, 40)\nmore = {_n: shard(_n, 1, 2)}\n### END HIDDEN TESTS\n"
+    "# --- check ---\nassert got == [0, 2]\n### BEGIN HIDDEN TESTS\nimport os, random\n"
+    "_rng = random.Random(int(os.environ.get('COURSE_HIDDEN_SEED', '0')))\n"
+    "_n = _rng.randint(3, 40)\nassert more == {_n: list(range(1, _n, 2))}\n### END HIDDEN TESTS"
+)
+
+
+def hidden_probe(lines: str) -> str:
+    """The test cell with ``lines`` as its hidden probe (fixed inputs: more = shard(5, 1, 2))."""
+    return TEST.replace("# hidden inputs fixed: a toy, whose cases the tests spell out\n", lines)
+
+
+@pytest.mark.parametrize(
+    "probe, message",
+    [
+        ("", "cell 3 .test_shard.: the hidden probe's inputs are fixed"),
+        (
+            "# hidden inputs fixed:\n",
+            "'# hidden inputs fixed:' in the hidden probe gives no reason",
+        ),
+        ("# hidden inputs fixed:    \n", "gives no reason"),
+        # named in a comment only, the seed draws nothing
+        (
+            "# the seed, COURSE_HIDDEN_SEED, is not read here\n",
+            "the hidden probe's inputs are fixed",
+        ),
+    ],
+)
+def test_a_hidden_probe_with_fixed_inputs_and_no_reason_is_refused(tmp_path, probe, message):
+    nb = solution_notebook()
+    test_cell(hidden_probe(probe))(nb)
+    with pytest.raises(cells.FormatError, match=message) as refused:
+        student_version(nb)
+    assert "COURSE_HIDDEN_SEED" in str(refused.value)  # what to do: draw from the seed...
+    assert "'# hidden inputs fixed: <why>'" in str(refused.value)  # ...or say why not
+    # `course release` names the notebook; `course grade` refuses the same source
+    src = tmp_path / "solutions" / "lab.ipynb"
+    src.parent.mkdir()
+    nbformat.write(nb, src)
+    proc = release_cli(src.parent, tmp_path / "labs")
+    assert proc.returncode == 2 and "lab.ipynb: cell 3 (test_shard): " in proc.stderr, proc.stderr
+    assert not (tmp_path / "labs" / "lab.ipynb").exists()
+    from course.grade import grade
+
+    (tmp_path / "subs").mkdir()
+    with pytest.raises(cells.FormatError, match=message):
+        grade(src, tmp_path / "subs", tmp_path / "out", progress=False)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        SEEDED,  # drawn from the run's seed
+        hidden_probe("# hidden inputs fixed: runs on ranks, their sizes are the lab's\n"),
+        # no hidden probe at all: only hidden expectations
+        "got = shard(4, 0, 2)\n# --- check ---\nassert got == [0, 2]\n"
+        "### BEGIN HIDDEN TESTS\nassert got[1] == 2\n### END HIDDEN TESTS",
+    ],
+)
+def test_a_hidden_probe_drawn_from_the_seed_or_fixed_with_a_reason_is_accepted(source):
+    nb = solution_notebook()
+    test_cell(source)(nb)
+    student = student_version(nb)  # no FormatError
+    assert "COURSE_HIDDEN_SEED" not in student.cells[3].source  # the hidden part is gone
 
 
 def release_cli(solutions, labs):
