@@ -11,11 +11,14 @@ import time
 from pathlib import Path
 
 import nbformat
+import replay_attack
 
 from course.grade import grade
 from course.grading import cells, seeds
 from course.grading.results import Limits
 from course.syllabus import load_syllabus
+
+VERDICT_SEED = 7  # the verdict kernel's hidden seed: not the public 0, so a plain run's table fails
 
 
 def wrong_submissions(wrong: dict, halves: int = 1, graded: int = 1) -> dict[str, dict[str, str]]:
@@ -179,6 +182,7 @@ def wrong_answer_verdicts(
     ungraded: tuple,
     tmp: Path,
     overrides: dict | None = None,
+    record: Path | None = None,
 ) -> dict[tuple[str, int], str | None]:
     """{(question, v): None if its test cell passed on variant v, else the error}; (question, -1)
     is the solution, run after the question's variants; (question, "stub") the released
@@ -193,7 +197,10 @@ def wrong_answer_verdicts(
     that failed the next one for it. Cells between an answer and its test (the helpers a test
     calls) run each time, so they see the wrong answer as they would in a submission. Last,
     the tests that draw their cases from the run's seed run again on the solution at each of
-    MORE_SEEDS: {(question, "seed N"): error or None}."""
+    MORE_SEEDS: {(question, "seed N"): error or None}.
+
+    ``record``: where the first pass leaves what every locked function returned, call by call
+    (tests/replay_attack.py), for ``grade_replays``."""
     from nbclient import NotebookClient
 
     folder = tmp / "verdicts"
@@ -207,7 +214,7 @@ def wrong_answer_verdicts(
     # stop on the error, and ipykernel then drops the next request too (the solution's cell
     # that should have put the right answer back).
     client = NotebookClient(nb, kernel_name="multigpu-course", timeout=300, allow_errors=True)
-    env = {**os.environ, seeds.ENV: "7"}
+    env = {**os.environ, seeds.ENV: str(VERDICT_SEED)}
 
     # nbclient puts each cell it runs at its index in the notebook: a variant would replace the
     # solution there, so every run builds its cell anew from these sources.
@@ -223,13 +230,20 @@ def wrong_answer_verdicts(
 
     verdicts, seconds = {}, {}
     with client.setup_kernel(cwd=str(lab.parent), env=env):
+        recorder = replay_attack.Recorder(client, nb) if record else None
         for i, cell in enumerate(nb.cells):
             # a cell that reads what a left-out cell made fails here as it does in grading, and
             # is not run again; no graded cell may fail (answers, tests, the cells they rely on)
+            if recorder:
+                recorder.before(i)
             error = run(i)
             assert error is None or cells.grade_id(cell) is None, f"the solution fails: {error}"
             if error:
                 code[i] = None
+            if recorder:
+                recorder.after(i, error)
+        if recorder:
+            recorder.save(record)
         # A wrong pipeline or collective can leave a rank waiting for ever: its launch is cut
         # at SPAN_LAUNCH_CAP (as the grader cuts one at its cell timeout), not at the lab's own
         # timeout of a minute or more. The test cells' own launches take seconds.
@@ -342,3 +356,65 @@ def assert_student_version_has_stubs(student: Path, stubs: int) -> None:
     nb = nbformat.read(student, as_version=4)
     assert sum("NotImplementedError" in c.source for c in nb.cells) == stubs
     assert not any("BEGIN HIDDEN" in c.source or "BEGIN SOLUTION" in c.source for c in nb.cells)
+
+
+def grade_replays(
+    lab: Path,
+    student: Path,
+    ungraded: tuple,
+    notes: Path,
+    tmp: Path,
+    overrides: dict | None = None,
+    limits: Limits | None = None,
+) -> dict:
+    """The replay attack (tests/replay_attack.py) through the grader: the blank ``student``
+    version, every locked function replaced by the ``notes`` the verdict kernel's first pass
+    recorded at VERDICT_SEED, handed in twice in one round of the grader's two slots:
+    ``replay-same`` graded at VERDICT_SEED (the control), ``replay-other`` at the seed the run
+    gives it, as any submission gets. Same cells left out as the verdicts, same profile."""
+    from unittest import mock
+
+    folder = tmp / "replay"
+    (folder / "lab").mkdir(parents=True), (folder / "student").mkdir()
+    lab_copy = trimmed(lab, folder / "lab", ungraded)
+    blank = trimmed(student, folder / "student", ungraded)
+    replay_attack.same_cell_order(nbformat.read(lab_copy, as_version=4), blank)
+    subs = folder / "subs"
+    subs.mkdir()
+    attack = replay_attack.submission(blank, replay_attack.load_notes(notes))
+    for name in (replay_attack.SAME, replay_attack.OTHER):
+        nbformat.write(attack, subs / f"{name}.ipynb")
+    quick = next(e for e in load_syllabus() if e.path == lab).parameters("quick")
+    derive = seeds.for_submission
+    given = {}
+
+    def seed_of(run: bytes, name: str) -> int:
+        given[name] = VERDICT_SEED if name == replay_attack.SAME else derive(run, name)
+        return given[name]
+
+    # The grader derives each submission's seed from the run's secret; the control is handed
+    # the recording's seed instead, so only the seed differs between the two.
+    with mock.patch.object(seeds, "for_submission", seed_of):
+        graded = grade(
+            lab_copy,
+            subs,
+            folder / "out",
+            jobs=2,
+            parameters={**quick, **(overrides or {})},
+            progress=False,
+            limits=limits or Limits(cell_timeout=120, budget=400),
+        )
+    assert given.get(replay_attack.OTHER) not in (None, VERDICT_SEED), given
+    return graded
+
+
+def assert_replays_score_nothing(graded: dict, lab: Path, auto: dict) -> None:
+    """At another seed the replay earns no automatic point; at the recording's own seed it earns
+    every test it could replay faithfully (``replay_attack.replayable_tests``): the control."""
+    other, same = graded[replay_attack.OTHER], graded[replay_attack.SAME]
+    assert other.status == "graded" and same.status == "graded", (other.reason, same.reason)
+    scored = {t: other.scores[t] for t in auto if other.scores[t]}
+    assert not scored, f"the replay of another seed's locked returns scores {scored}"
+    control = replay_attack.replayable_tests(lab) & set(auto)
+    missed = {t: (same.scores[t], same.errors.get(t)) for t in control if same.scores[t] != auto[t]}
+    assert not missed, f"the replay at the recording's own seed is not faithful: {missed}"
