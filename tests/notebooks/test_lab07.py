@@ -14,7 +14,12 @@ ones a student finds a way round: the course's finished merge, ring (called whol
 or its _accumulate), dispatch_order and combine, or sequence-parallel functions; a ring that
 collects every block (or all-gathers them through distributed_c10d, the counted messages
 dummies) and attends over the whole sequence; a dispatch that takes two experts per rank for
-granted; a region that keeps the gathered input on its ctx and gathers again for show. The grader
+granted; a region that keeps the gathered input on its ctx and gathers again for show. And the
+ones right only at a size the hidden cases used to hold fixed (SWEPT): a ring written for one
+sequence (K and V concatenated, the batch squeezed) or for the notebook's 2 heads (the output,
+the receive buffer, the K/V split or the causal mask sized by `heads`); a dispatch that squeezes
+a single kept assignment to 0-d, stacks the rows of a rank that keeps none, lists none as an
+empty float tensor, or divides by a rank's zero tokens. The grader
 grades the first wrong answer of every question in two halves, each the released lab filled in
 (each wrong in every other question: a wrong answer costs its own points and only those); every
 wrong answer is also checked in one kernel against its question's test cell, hidden parts
@@ -28,6 +33,8 @@ import lab_grading
 import pytest
 
 from course.syllabus import REPO
+from helpers.labs import lab07
+from helpers.parallel import moe
 
 LAB = REPO / "solutions" / "lab07_transformers_at_scale.ipynb"
 STUDENT = REPO / "labs" / "lab07_transformers_at_scale.ipynb"
@@ -421,6 +428,97 @@ WRONG = {
         ],
     ),
 }
+
+# Written as a student would, without the tests: each is right wherever the hidden cases used to
+# go and wrong only at a size they held fixed (issue 41: the ring at one sequence of 2 heads,
+# every rank keeping two assignments or more), so today's draws sweep every dimension from 1 (or
+# 0) up, the edges met in every run (helpers/labs/lab07.py).
+RING_KV = "kv = torch.stack([k, v])"
+RING_LSE = 'lse = torch.full(q.shape[:-1], float("-inf"))'
+MOE_ROWS = "rows = routing.keep.reshape(-1).nonzero().squeeze(1)"
+SWEPT = {
+    "ring_attention": [
+        # K and V concatenated, not stacked: kv[0] and kv[1] are K and V for one sequence only
+        replaced("ring_attention", (RING_KV, "kv = torch.cat([k, v])")),
+        # written for one sequence: the batch squeezed away, put back at the end
+        replaced(
+            "ring_attention",
+            (
+                "s_local = q.shape[2]",
+                "q, k, v = q.squeeze(0), k.squeeze(0), v.squeeze(0)   # (heads, s/n, d)\n"
+                "    s_local = q.shape[1]",
+            ),
+            ("    return out\n", "    return out.unsqueeze(0)\n"),
+        ),
+        # the running output sized by the notebook's `heads` parameter, not by q
+        replaced(
+            "ring_attention",
+            (
+                "out = torch.zeros_like(q)",
+                "out = torch.zeros(q.shape[0], heads, s_local, q.shape[-1])",
+            ),
+            (RING_LSE, 'lse = torch.full((q.shape[0], heads, s_local), float("-inf"))'),
+        ),
+        # K and V side by side along the heads, cut apart at the notebook's `heads`
+        replaced(
+            "ring_attention",
+            (RING_KV, "kv = torch.cat([k, v], dim=1)             # (b, 2·heads, s/n, d)"),
+            (
+                RING_COMPUTE,
+                "out, lse = merge(out, lse, *attention_with_lse(q, kv[:, :heads], kv[:, heads:], mask))",
+            ),
+        ),
+        # the receive buffer shaped from the notebook's parameters: one sequence of `heads` heads
+        replaced(
+            "ring_attention",
+            (
+                "incoming = torch.empty_like(kv)",
+                "incoming = torch.empty(2, 1, heads, s_local, q.shape[-1])",
+            ),
+        ),
+        # the causal mask spread over the notebook's `heads`, to match the scores' (heads, s, s)
+        replaced(
+            "ring_attention",
+            (
+                "mask = q_pos[:, None] >= k_pos[None, :] if causal else None",
+                "mask = (q_pos[:, None] >= k_pos[None, :]).expand(heads, s_local, s_local) if causal else None",
+            ),
+        ),
+    ],
+    "dispatch_combine": [
+        # squeeze(): one kept assignment becomes a 0-d tensor, which bincount refuses
+        replaced(
+            "dispatch_combine", (MOE_ROWS, "rows = routing.keep.reshape(-1).nonzero().squeeze()")
+        ),
+        # the rows gathered one by one and stacked: a rank that keeps nothing has nothing to stack
+        replaced(
+            "dispatch_combine",
+            (
+                MOE_MOVE,
+                "h = moe.all_to_all(torch.stack([x[r // k] for r in rows.tolist()]), out_splits, in_splits)",
+            ),
+        ),
+        # the kept assignments listed in Python: none kept makes an empty float tensor, no index
+        replaced(
+            "dispatch_combine",
+            (
+                MOE_ROWS,
+                "rows = torch.tensor([i for i, kept in enumerate(routing.keep.reshape(-1).tolist()) if kept])",
+            ),
+        ),
+        # choices per token as assignments / tokens: a rank with no token divides by zero
+        replaced(
+            "dispatch_combine",
+            (
+                "k = routing.expert.shape[1]\n    n_experts",
+                "k = routing.expert.numel() // len(x)                   # assignments per token\n    n_experts",
+            ),
+        ),
+    ],
+}
+for _gid, _more in SWEPT.items():
+    WRONG[_gid][1].extend(_more)
+
 # the measurement and plot cells grade nothing: a class is graded without them
 UNGRADED = (
     "ring_sent = []",
@@ -437,6 +535,57 @@ UNGRADED = (
 def test_every_question_has_wrong_answers_that_differ_from_the_solution():
     lab_grading.assert_wrong_answers_are_wrong(LAB, WRONG, AUTO)
     assert all(len(variants) >= 3 for _, variants in WRONG.values())
+
+
+def test_every_run_draws_every_edge_of_every_dimension():
+    """Every run's hidden cases meet the edges SWEPT's answers are wrong at, whatever its seed:
+    a size of 1 beside a larger one in every dimension, a rank with no token beside a rank that
+    keeps exactly one assignment, 2, 3 and 4 ranks; and only cases the harnesses can run."""
+    for seed in range(300):
+        merge_edges(lab07.merge_cases(seed))
+        ring_edges(lab07.ring_cases(seed))
+        moe_edges(lab07.moe_cases(seed))
+        sp_edges(lab07.sp_cases(seed))
+
+
+def merge_edges(cases: list) -> None:  # (b, heads, s, d, split, mask, scale, seed, queries)
+    for dim in (0, 1, 3, 8):  # b, heads, d, query rows
+        sizes = [case[dim] for case in cases]
+        assert min(sizes) == 1 and max(sizes) >= 2, (dim, cases)
+    assert all(1 <= split < s and 1 <= rows <= s for _, _, s, _, split, *_, rows in cases)
+    assert any(split in (1, s - 1) for _, _, s, _, split, *_ in cases), cases  # a one-key block
+    assert {case[5] for case in cases} == {"none", "causal", "anti-causal"}, cases
+    assert {case[6] for case in cases} == {1.0, 300.0}, cases
+
+
+def ring_edges(cases: list) -> None:  # (n, s, causal, d, seed, b, heads)
+    assert sorted(n for n, *_ in cases) == [2, 3, 4] and all(s % n == 0 for n, s, *_ in cases)
+    batches = [case[5] for case in cases]
+    assert min(batches) == 1 and max(batches) >= 2, cases
+    assert any(causal and heads != 2 for _, _, causal, *_, heads in cases), cases
+    assert min(case[6] for case in cases) == 1 and {False, True} == {case[2] for case in cases}
+    chunks = [(s // n, d) for n, s, _, d, *_ in cases]
+    assert any(c == 1 for c, _ in chunks) and any(c >= 2 and d == 1 for c, d in chunks), cases
+    assert (1, 1) not in chunks, cases  # one token and d = 1: no matrix product to see overlap
+
+
+def moe_edges(cases: list) -> None:  # (n, tokens, top_k, factor, n_experts, seed, d)
+    assert all(E % n == 0 and 1 <= k <= E for n, _, k, _, E, *_ in cases), cases
+    assert sorted(E // n for n, _, _, _, E, *_ in cases) == [1, 2, 3], cases
+    assert {k for _, _, k, *_ in cases} >= {1, 2}, cases
+    # rank 0 has no token (keeps nothing), rank 1 one token, whose one choice it keeps
+    (_, _, _, factor, E, *_), *_ = [case for case in cases if case[1:3] == (0, 1)]
+    assert moe.capacity(1, E, 1, factor) >= 1
+    widths = [case[6] for case in cases]
+    assert min(widths) == 1 and max(widths) >= 2, cases
+
+
+def sp_edges(cases: list) -> None:  # (n, s, b, h, ffn, seed)
+    assert all(s % n == 0 and ffn % n == 0 for n, s, _, _, ffn, _ in cases), cases
+    sizes = [(s // n, b, h, ffn // n) for n, s, b, h, ffn, _ in cases]
+    for dim in range(4):  # tokens per rank, batch, width, hidden features per rank
+        assert min(size[dim] for size in sizes) == 1 and max(size[dim] for size in sizes) >= 2
+    assert len({n for n, *_ in cases}) == 2 and {n for n, *_ in cases} <= {2, 3, 4}, cases
 
 
 def test_the_unfinished_student_version_says_what_to_do():
@@ -460,8 +609,25 @@ def test_each_plausible_wrong_answer_loses_its_points(graded):
     lab_grading.assert_wrong_answers_lose_their_points(graded, WRONG, AUTO)
 
 
+@pytest.fixture(scope="module")
+def verdict_run(tmp_path_factory):
+    """The verdict kernel's run, its first pass noting every locked function's returns."""
+    tmp = tmp_path_factory.mktemp("lab07-verdicts")
+    notes = tmp / "replay-notes.pkl"
+    return notes, lab_grading.wrong_answer_verdicts(
+        LAB, STUDENT, WRONG, UNGRADED, tmp, record=notes
+    )
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_each_plausible_wrong_answer_fails_its_test_cell(tmp_path):
-    verdicts = lab_grading.wrong_answer_verdicts(LAB, STUDENT, WRONG, UNGRADED, tmp_path)
+@pytest.mark.timeout(1200)  # the verdict kernel (the fixture) runs inside the first test
+def test_each_plausible_wrong_answer_fails_its_test_cell(verdict_run):
+    verdicts = verdict_run[1]
     lab_grading.assert_each_wrong_answer_fails_its_test(verdicts, WRONG)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_replaying_the_locked_helpers_of_another_seed_scores_nothing(verdict_run, tmp_path):
+    graded = lab_grading.grade_replays(LAB, STUDENT, UNGRADED, verdict_run[0], tmp_path)
+    lab_grading.assert_replays_score_nothing(graded, LAB, AUTO)
