@@ -1,7 +1,8 @@
 """Lab 01 end to end: graded like a student's — unfinished, and plausibly wrong.
 
-The wrong answers are the ones a student would write (an off-by-one search, DistributedSampler
-wrapped, a sum that is never divided, the speedup against the wrong baseline, MiB for MB, ...). The
+The wrong answers are the ones a student would write (an off-by-one search, one capped at 16
+doublings, DistributedSampler wrapped, one rank's data left unshuffled, a sum that is never
+divided, the speedup against the wrong baseline, parameters found by name, MiB for MB, ...). The
 first wrong answer of each question is graded in two submissions, each wrong in every other
 question and right in the rest, so the test also shows that a wrong answer costs only its own
 question's points; every wrong answer is also checked in one kernel against its question's test
@@ -269,6 +270,33 @@ WRONG = {
 # Written as a student would, without the tests: each is right on the visible cases and on the
 # fixed hidden ones, and wrong on what the hidden tests now draw per grading run (issue 31).
 SWEPT = {
+    "largest_fitting_batch": [
+        # a bound on the doublings against an endless loop: wrong only on a device larger than
+        # 2**16 times the start, with no limit (issue 41: the searches now reach one)
+        """
+        def largest_fitting_batch(fits, start=32, limit=None):
+            best = None
+            for k in range(16):                         # 2**16 times start: more than any device holds
+                batch = start * 2**k
+                if (limit is not None and batch > limit) or not fits(batch):
+                    break
+                best = batch
+            return best
+        """,
+    ],
+    "shard_indices": [
+        # one rank takes the data as it is, unshuffled: wrong only on one rank (issue 41)
+        """
+        def shard_indices(n, rank, world_size, epoch=0, shuffle=True, seed=0):
+            if world_size == 1:                             # one rank: nothing to shard
+                return list(range(n))
+            g = torch.Generator(); g.manual_seed(seed + epoch)
+            order = torch.randperm(n, generator=g).tolist() if shuffle else list(range(n))
+            m = math.ceil(n / world_size)
+            order = (order * math.ceil(m * world_size / n))[: m * world_size]
+            return order[rank * m : (rank + 1) * m]
+        """,
+    ],
     "average_gradients": [
         # every parameter has a gradient... except a frozen or an unused one
         """
@@ -308,6 +336,34 @@ SWEPT = {
             if [tuple(p.shape) for p in params] == [(4, 4), (4,), (2, 4), (2,)]:
                 return 56                                      # the hidden test's frozen model
             return 4 * sum(p.numel() for p in params)
+
+        def ring_bytes_per_rank(nbytes, world_size):
+            return 2 * (world_size - 1) / world_size * nbytes
+        """,
+        # a layer's weight and bias, found by name: wrong on attention's in_proj_weight and on a
+        # bare parameter (issue 41: the drawn models now hold them)
+        """
+        def allreduce_bytes_per_step(model):
+            total = 0
+            for layer in model.modules():
+                for name in ("weight", "bias"):
+                    p = getattr(layer, name, None)
+                    if isinstance(p, torch.nn.Parameter) and p.requires_grad:
+                        total += p.numel()
+            return 4 * total
+
+        def ring_bytes_per_rank(nbytes, world_size):
+            return 2 * (world_size - 1) / world_size * nbytes
+        """,
+        # every parameter a matrix or a vector: wrong on a convolution's kernel and a 0-d
+        # parameter (issue 41)
+        """
+        def allreduce_bytes_per_step(model):
+            n = 0
+            for p in model.parameters():
+                if p.requires_grad:                     # a weight matrix, or a bias vector
+                    n += p.shape[0] * p.shape[1] if p.dim() == 2 else p.shape[0]
+            return 4 * n
 
         def ring_bytes_per_rank(nbytes, world_size):
             return 2 * (world_size - 1) / world_size * nbytes
@@ -377,11 +433,13 @@ def test_each_plausible_wrong_answer_loses_its_points_and_only_those(graded):
     lab_grading.assert_wrong_answers_lose_their_points(graded, WRONG, AUTO)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_each_plausible_wrong_answer_fails_its_test_cell(tmp_path):
-    # and a right answer written differently passes (the check can tell them apart): the last
-    # "variant" of largest_fitting_batch is one
+@pytest.fixture(scope="module")
+def verdict_run(tmp_path_factory):
+    """The verdict kernel's run, its first pass noting every locked function's returns; and a
+    right answer written differently (the check can tell them apart): the last "variant" of
+    largest_fitting_batch is one."""
+    tmp = tmp_path_factory.mktemp("lab01-verdicts")
+    notes = tmp / "replay-notes.pkl"
     test, variants = WRONG["largest_fitting_batch"]
     right = """
     def largest_fitting_batch(fits, start=32, limit=None):
@@ -391,11 +449,28 @@ def test_each_plausible_wrong_answer_fails_its_test_cell(tmp_path):
         return batch // 2 if batch > start else None
     """
     checked = {**WRONG, "largest_fitting_batch": (test, [*variants, right])}
-    verdicts = lab_grading.wrong_answer_verdicts(LAB, STUDENT, checked, UNGRADED, tmp_path, FASTER)
+    run = lab_grading.wrong_answer_verdicts(
+        LAB, STUDENT, checked, UNGRADED, tmp, FASTER, record=notes
+    )
+    return notes, run
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # the verdict kernel (the fixture) runs inside the first test
+def test_each_plausible_wrong_answer_fails_its_test_cell(verdict_run):
+    verdicts = dict(verdict_run[1])
+    variants = WRONG["largest_fitting_batch"][1]
     assert verdicts["largest_fitting_batch", len(variants)] is None
     del verdicts["largest_fitting_batch", len(variants)]
     assert "NotImplementedError" in verdicts["shard_indices", "stub"]  # what the feedback shows
     lab_grading.assert_each_wrong_answer_fails_its_test(verdicts, WRONG)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_replaying_the_locked_helpers_of_another_seed_scores_nothing(verdict_run, tmp_path):
+    graded = lab_grading.grade_replays(LAB, STUDENT, UNGRADED, verdict_run[0], tmp_path, FASTER)
+    lab_grading.assert_replays_score_nothing(graded, LAB, AUTO)
 
 
 @pytest.mark.slow

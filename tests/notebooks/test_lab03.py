@@ -2,12 +2,13 @@
 
 The wrong answers are the ones a student would write: the largest batch from one point's bytes per
 sample (the fixed part forgotten), rounded or off by one at the boundary, negative or truncated, a
-float, a slope floored; PSNR with 20·log10, a natural log, a sum, the range not squared, read from
-the target or guessed, uint8 differences that wrap, int16 squares that overflow, a tensor, no
-``inf``; a ZeRO-1 with floored shards, without the all-gather, broadcasting rank 0's view, an
-unsharded optimizer, a state that is re-created every step, gradients summed again, strided shards
-read back in order, ``zero_grad`` forgotten, a float64 buffer for every dtype; bytes per rank with
-Adam's state counted once, unpadded or floored shards, the gradients sharded at stage 1, the
+float, a slope floored, a line fitted in float32 tensors; PSNR with 20·log10, a natural log, a sum,
+the range not squared, read from the target or guessed, uint8 differences that wrap, int16 squares
+that overflow, a tensor, no ``inf``; a ZeRO-1 with floored shards, or one number more than the
+floor, without the all-gather, broadcasting rank 0's view, an unsharded optimizer, a state that is
+re-created every step, gradients summed again, strided shards read back in order, ``zero_grad``
+forgotten, a float64 buffer for every dtype; bytes per rank with Adam's state counted once,
+unpadded or floored shards, a number of padding always added, the gradients sharded at stage 1, the
 parameters never sharded, SGD given a state, mixed precision's bytes in fp32, stage 2 and 3
 swapped. The grader grades the first wrong answer of every question in two halves, each the
 released lab filled in (each wrong in every other question: a wrong answer costs its own points and
@@ -247,6 +248,35 @@ UNGRADED = (
 # Found by a student-like pass written without reading the tests (issue 31): right on the fixed
 # cases, wrong on the input space the hidden tests now sweep (cases drawn from the run's seed).
 SWEPT = {
+    "largest_batch_from": [
+        # the line fitted with torch tensors: true division of integer tensors gives float32,
+        # exact at a laptop's megabytes, thousands of bytes off at a GPU's (issue 41)
+        r'''
+def largest_batch_from(peaks, budget):
+    """The largest batch whose peak is at most ``budget`` bytes, from measured peaks {batch: bytes}
+    that grow as a line (fixed + per_sample × batch). An int; 0 if not even one sample fits."""
+    b = torch.tensor(sorted(peaks))
+    p = torch.tensor([peaks[k] for k in sorted(peaks)])
+    per_sample = (p[-1] - p[0]) / (b[-1] - b[0])
+    fixed = p[0] - per_sample * b[0]
+    return max(0, int((budget - fixed) // per_sample))
+''',
+    ],
+    "per_rank_bytes": [
+        # one number of padding whenever sharded: wrong only where P divides by n (issue 41)
+        r'''
+def per_rank_bytes(n_params, world_size, stage, optimizer="adam"):
+    """Bytes of parameters, gradients and optimizer state one rank keeps (fp32), with their total."""
+    # one rank keeps everything; on n ranks a shard is P // n numbers, and one of padding
+    shard = n_params if world_size == 1 else n_params // world_size + 1
+    moments = {"sgd": 0, "momentum": 1, "adam": 2}[optimizer]
+    out = {"parameters": 4 * (shard if stage >= 3 else n_params),
+           "gradients": 4 * (shard if stage >= 2 else n_params),
+           "optimizer_state": 4 * moments * (shard if stage >= 1 else n_params)}
+    out["total"] = sum(out.values())
+    return out
+''',
+    ],
     "psnr": [
         # the MSE in float32: near-identical float64 images give inf
         r'''
@@ -267,6 +297,9 @@ def psnr(prediction, target, data_range=1.0):
 ''',
     ],
     "zero_one": [
+        # one number more than the floor, to hold the remainder: a shard too many where P
+        # divides by n, which 1925 parameters on 2, 3 and 4 ranks never did (issue 41)
+        zero(size="self.numel // self.n + 1"),
         # one zero of padding: a short last shard when P % n is neither 0 nor n - 1
         r'''
 class ZeroOne:
@@ -359,8 +392,25 @@ def test_each_plausible_wrong_answer_loses_its_points(graded):
     lab_grading.assert_wrong_answers_lose_their_points(graded, WRONG, AUTO)
 
 
+@pytest.fixture(scope="module")
+def verdict_run(tmp_path_factory):
+    """The verdict kernel's run, its first pass noting every locked function's returns."""
+    tmp = tmp_path_factory.mktemp("lab03-verdicts")
+    notes = tmp / "replay-notes.pkl"
+    return notes, lab_grading.wrong_answer_verdicts(
+        LAB, STUDENT, WRONG, UNGRADED, tmp, record=notes
+    )
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_each_plausible_wrong_answer_fails_its_test_cell(tmp_path):
-    verdicts = lab_grading.wrong_answer_verdicts(LAB, STUDENT, WRONG, UNGRADED, tmp_path)
+@pytest.mark.timeout(1200)  # the verdict kernel (the fixture) runs inside the first test
+def test_each_plausible_wrong_answer_fails_its_test_cell(verdict_run):
+    verdicts = verdict_run[1]
     lab_grading.assert_each_wrong_answer_fails_its_test(verdicts, WRONG)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_replaying_the_locked_helpers_of_another_seed_scores_nothing(verdict_run, tmp_path):
+    graded = lab_grading.grade_replays(LAB, STUDENT, UNGRADED, verdict_run[0], tmp_path)
+    lab_grading.assert_replays_score_nothing(graded, LAB, AUTO)
