@@ -169,8 +169,11 @@ def _get_pool(world_size: int, backend: str, threads: int):
 
 
 # Variables that change without changing what a rank would import: pytest names the running test
-# in one, and a rank server restarted for each test (torch imported again, seconds) bought nothing.
-_VOLATILE = frozenset({"PYTEST_CURRENT_TEST"})
+# in one, and a rank server restarted for each test (torch imported again, seconds) bought nothing;
+# torch sets TORCHINDUCTOR_CACHE_DIR to its own default the first time an optimizer step imports
+# torch._dynamo, which a rank would compute the same way (a lab's check that trains in the kernel
+# cost every later launch a cold pool).
+_VOLATILE = frozenset({"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"})
 
 
 def _rank_server() -> _rankserver.Server:

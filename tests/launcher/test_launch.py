@@ -682,12 +682,20 @@ def test_ranks_see_the_environment_as_it_is_when_they_start(monkeypatch):
     assert len([p for p in descendants() if is_rank_server(p)]) == 1
 
 
-def test_the_name_of_the_running_test_does_not_restart_the_server(monkeypatch):
-    # pytest changes PYTEST_CURRENT_TEST for every test: a server restarted for that alone cost
-    # each launching test a fresh import of torch
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("PYTEST_CURRENT_TEST", "tests/x.py::another (call)"),
+        ("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_someone"),  # torch's default, set late
+    ],
+)
+def test_the_name_of_the_running_test_does_not_restart_the_server(monkeypatch, name, value):
+    # pytest changes PYTEST_CURRENT_TEST for every test, and torch sets TORCHINDUCTOR_CACHE_DIR
+    # on its first optimizer step: a server restarted for that alone cost each launch after it
+    # a fresh import of torch
     assert helpers.launch(os.getpid, world_size=2)
     (server,) = [p for p in descendants() if is_rank_server(p)]
-    monkeypatch.setenv("PYTEST_CURRENT_TEST", "tests/x.py::another (call)")
+    monkeypatch.setenv(name, value)
     assert helpers.launch(os.getpid, world_size=3)  # a new world: the server is asked again
     assert [p.pid for p in descendants() if is_rank_server(p)] == [server.pid]
 
