@@ -3,8 +3,10 @@
 The wrong answers are the ones a student would write: gradients averaged where DataParallel sums
 them, a model "replicated" by sharing it, DDP that never broadcasts or never divides, that all-
 reduces after backward or synchronously, buckets in forward order, a parameter without a gradient
-handled wrongly; steps counted with a floor; a loss not divided by k, a forward outside
-``no_sync``. The grader grades the first wrong answer of every question in two halves, each the
+handled wrongly; steps counted with a floor, or a table of a plain run's answers; a loss not
+divided by k, a forward outside ``no_sync``, every forward before one backward of their sum. And
+the blank lab with the locked helpers its tests called redefined to return a reference (issue
+41) scores nothing. The grader grades the first wrong answer of every question in two halves, each the
 released lab filled in (each wrong in every other question: a wrong answer costs its own points and
 only those); every wrong answer is also checked in one kernel against its question's test cell,
 hidden parts included, and so is each unfinished cell of the released lab
@@ -14,12 +16,17 @@ than the quick profile.
 
 from __future__ import annotations
 
+import textwrap
+from pathlib import Path
+
 import lab_grading
 import nbformat
 import pytest
 
+from course.grade import grade
 from course.grading import cells
-from course.syllabus import REPO
+from course.grading.results import Limits, Result
+from course.syllabus import REPO, load_syllabus
 
 LAB = REPO / "solutions" / "lab02_build_ddp.ipynb"
 STUDENT = REPO / "labs" / "lab02_build_ddp.ipynb"
@@ -270,9 +277,48 @@ WRONG = {
                     (loss_fn(model(x), y) / k).backward()
                     opt.step()
             """,
+            # every forward first, then one backward of the summed loss: the right update and
+            # one all-reduce, but all k graphs (k times the activations) alive at once (issue 41)
+            """
+            def accumulation_step(model, opt, micro_batches):
+                opt.zero_grad()
+                k = len(micro_batches)
+                loss = sum(loss_fn(model(x), y) for x, y in micro_batches) / k
+                loss.backward()
+                opt.step()
+            """,
         ],
     ),
 }
+
+
+def epoch_table() -> str:
+    """epoch_bytes as a table of answers (issue 41): the visible cases, and the hidden cases a
+    plain run draws (seed 0), which its feedback or its `In` history showed, each answered
+    right; any other case raises KeyError."""
+    from helpers.labs import lab02
+    from helpers.workloads import models
+
+    steps = lambda n, b: -(-n // b)  # noqa: E731
+    here = [
+        (719, 64 * 4, b, models.n_params(models.mlp(hidden=64, depth=2))) for b in (32, 128, 512)
+    ]
+    poster = [(60_000, 784 * 4, b, 5_322) for b in (32, 64, 128)]
+    table = {
+        (n, size, b, p): {
+            "forward": n * size,
+            "backward": 4 * steps(n, b),
+            "all-reduce": 4 * p * steps(n, b),
+        }
+        for n, size, b, p in poster + here + lab02.epoch_cases(0)
+    }
+    return f"""
+def epoch_bytes(n_samples, sample_bytes, batch_size, n_params):
+    return {table!r}[n_samples, sample_bytes, batch_size, n_params]
+"""
+
+
+WRONG["epoch_bytes"][1].append(epoch_table())
 
 # The ungraded cells (timing, compression) with less work: the graded tests do not read them.
 FASTER = {"repeats": 1, "steps": 2, "warmup": 1, "epochs": 1, "seeds": [0]}
@@ -374,10 +420,133 @@ def test_each_plausible_wrong_answer_loses_its_points(graded):
     lab_grading.assert_wrong_answers_lose_their_points(graded, WRONG, AUTO)
 
 
+@pytest.fixture(scope="module")
+def verdict_run(tmp_path_factory):
+    """The verdict kernel's run, its first pass noting every locked function's returns."""
+    tmp = tmp_path_factory.mktemp("lab02-verdicts")
+    notes = tmp / "replay-notes.pkl"
+    return notes, lab_grading.wrong_answer_verdicts(
+        LAB, STUDENT, WRONG, UNGRADED, tmp, FASTER, record=notes
+    )
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_each_plausible_wrong_answer_fails_its_test_cell(tmp_path):
-    verdicts = lab_grading.wrong_answer_verdicts(LAB, STUDENT, WRONG, UNGRADED, tmp_path, FASTER)
+@pytest.mark.timeout(1200)  # the verdict kernel (the fixture) runs inside the first test
+def test_each_plausible_wrong_answer_fails_its_test_cell(verdict_run):
+    verdicts = verdict_run[1]
     lab_grading.assert_each_wrong_answer_fails_its_test(verdicts, WRONG)
     gid = next(g for g, (test, _) in WRONG.items() if test == "test_scratch_ddp")
     assert "NotImplementedError" in verdicts[gid, "stub"]  # what the feedback shows
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_replaying_the_locked_helpers_of_another_seed_scores_nothing(verdict_run, tmp_path):
+    graded = lab_grading.grade_replays(LAB, STUDENT, UNGRADED, verdict_run[0], tmp_path, FASTER)
+    lab_grading.assert_replays_score_nothing(graded, LAB, AUTO)
+
+
+# Issue 41: the blank lab with, right after each of three locked cells, a cell of the student's
+# that redefines the helper its test called to return what the specification says a reference
+# should be: the expected-bytes formula, reference_buckets, torch DDP's own parameters passed off
+# as the scratch ones. Before the checks computed their references, a test compared two values
+# these helpers chose in the kernel, and this scored 9 of 11 without a line of the work.
+FORGED = {
+    "dp_step": """
+        def dp_versus_one_device(n, size, make=make_model, step=0):
+            x, y = global_batch(step, size)
+            model = make()
+            P = sum(p.numel() * p.element_size() for p in model.parameters())
+            others = lambda t: sum(c.numel() * c.element_size() for c in t.chunk(n)[1:])
+            out = model(x)
+            expected = {"scatter": others(x), "replicate": (n - 1) * P, "gather": others(out),
+                        "scatter grad": others(out), "reduce grads": (n - 1) * P}
+            expected = {k: v for k, v in expected.items() if v}
+            return {"loss": 0.0, "grads": 0.0, "forward on": [f"device {i}" for i in range(n)],
+                    "bytes": expected, "expected bytes": expected}
+    """,
+    "ddp_check": """
+        def scratch_versus_torch(name, steps=3, batch=16, cap_mb=0.02):
+            rank, n = dist.get_rank(), dist.get_world_size()
+            torch.manual_seed(100 + rank)
+            module = test_models[name]()
+            model = DDP(module, bucket_cap_mb=cap_mb, find_unused_parameters=name == "awkward")
+            buffers = [b.clone() for b in module.buffers()]
+            opt = torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9)
+            for k in range(steps):
+                x, y = global_batch(k, batch * n)
+                x = x.to(next(module.parameters()).dtype)
+                opt.zero_grad()
+                loss_fn(model(x.chunk(n)[rank]), y.chunk(n)[rank]).backward()
+                opt.step()
+            params = [p.detach().clone() for p in module.parameters()]
+            none = [p.grad is None for p in module.parameters()]
+            buckets = reference_buckets(test_models[name](), cap_mb)
+            return {"torch": params, "scratch": params, "torch grad is None": none,
+                    "scratch grad is None": none, "buffers after construction": buffers,
+                    "scratch calls": [[(b, True, True, True, True) for b in buckets]] * steps,
+                    "expected buckets": buckets}
+    """,
+    "accumulation_check": """
+        def accumulation_versus_one_process(k, micro, steps=2):
+            return {"difference": 0.0, "all-reduced per step": [35880] * steps,
+                    "gradient bytes": 35880, "steps": steps, "forwards": [[micro] * k] * steps}
+    """,
+}
+
+
+def forged_submission(student: Path, path: Path) -> None:
+    """The blank ``student`` lab with each FORGED cell right after its locked cell."""
+    nb = nbformat.read(student, as_version=4)
+    out = []
+    for cell in nb.cells:
+        out.append(cell)
+        if cells.grade_id(cell) in FORGED:
+            source = textwrap.dedent(FORGED[cells.grade_id(cell)]).strip()
+            out.append(nbformat.v4.new_code_cell(source))
+    assert len(out) == len(nb.cells) + len(FORGED), "every locked cell named is found"
+    nb.cells = out
+    nbformat.write(nb, path)
+
+
+def grade_forged(lab: Path, student: Path, tmp: Path) -> Result:
+    """``forged_submission`` of ``student`` graded against ``lab`` by the grader (quick profile,
+    without the ungraded cells)."""
+    for folder in ("lab", "student", "subs"):
+        (tmp / folder).mkdir()
+    lab = lab_grading.trimmed(lab, tmp / "lab", UNGRADED)
+    forged_submission(
+        lab_grading.trimmed(student, tmp / "student", UNGRADED), tmp / "subs" / "forged.ipynb"
+    )
+    quick = next(e for e in load_syllabus() if e.path == LAB).parameters("quick")
+    results = grade(
+        lab,
+        tmp / "subs",
+        tmp / "out",
+        parameters={**quick, **FASTER},
+        progress=False,
+        limits=Limits(cell_timeout=120, budget=400),
+    )
+    return results["forged"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_helpers_redefined_to_return_a_reference_score_nothing(tmp_path):
+    result = grade_forged(LAB, STUDENT, tmp_path)
+    assert result.status == "graded", result.reason
+    assert {test: result.scores[test] for test in AUTO} == dict.fromkeys(AUTO, 0.0), result.scores
+
+
+def test_the_table_of_answers_is_right_on_a_plain_runs_cases_only():
+    from helpers.labs import lab02
+
+    namespace = {}
+    exec(epoch_table(), namespace)
+    for n, size, batch, n_params in lab02.epoch_cases(0):
+        steps = -(-n // batch)
+        assert (
+            namespace["epoch_bytes"](n, size, batch, n_params)["all-reduce"] == 4 * n_params * steps
+        )
+    with pytest.raises(KeyError):  # a grading run draws other cases
+        [namespace["epoch_bytes"](*case) for case in lab02.epoch_cases(lab_grading.VERDICT_SEED)]
