@@ -4,6 +4,7 @@ cell in one kernel. Shared by the tests of every lab."""
 
 from __future__ import annotations
 
+import csv
 import os
 import re
 import textwrap
@@ -388,8 +389,8 @@ def grade_replays(
     derive = seeds.for_submission
     given = {}
 
-    def seed_of(run: bytes, name: str) -> int:
-        given[name] = VERDICT_SEED if name == replay_attack.SAME else derive(run, name)
+    def seed_of(run: bytes, name: str, content: str = "") -> int:
+        given[name] = VERDICT_SEED if name == replay_attack.SAME else derive(run, name, content)
         return given[name]
 
     # The grader derives each submission's seed from the run's secret; the control is handed
@@ -405,6 +406,11 @@ def grade_replays(
             limits=limits or Limits(cell_timeout=120, budget=400),
         )
     assert given.get(replay_attack.OTHER) not in (None, VERDICT_SEED), given
+    # whatever it scores, a person is told: each replaced helper is flagged in the gradebook
+    with open(folder / "out" / "gradebook.csv", newline="", encoding="utf-8") as f:
+        flagged = {row["student"]: row["flags"] for row in csv.DictReader(f)}
+    for name in (replay_attack.SAME, replay_attack.OTHER):
+        assert "which a locked cell defines" in flagged[name], (name, flagged[name])
     return graded
 
 

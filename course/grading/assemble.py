@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import nbformat
 
-from course.grading import cells
+from course.grading import cells, tampering
 from course.grading.results import is_answer
 from course.release import student_version
 
@@ -36,6 +36,7 @@ def assemble(source, submission, parameters: dict | None = None):
     released = {cells.grade_id(c): c for c in student_version(source).cells if cells.grade_id(c)}
     out, used, flags = _matched(source, submission, released)
     _restore_deleted(source, released, out, used, flags)
+    flags += tampering.flags(source, out)  # for a person: no score changes
     nb = nbformat.v4.new_notebook(cells=out, metadata=source.metadata)
     for cell in nb.cells:
         if cell.cell_type == "code":

@@ -61,6 +61,7 @@ def write_gradebook(results: dict[str, Result], qs: list[Question], out: Path) -
             "pending",
             "status",
             "reason",
+            "flags",  # what a person should read: a restored cell, a rebound helper (assemble)
         ]
     )
     for name in sorted(results):
@@ -75,7 +76,16 @@ def write_gradebook(results: dict[str, Result], qs: list[Question], out: Path) -
         waiting = pending(r, qs)
         top = sum(q.points for q in qs if q.grade_id not in waiting)
         w.writerow(
-            [to_cell(name), *row, r.total, top, " ".join(waiting), r.status, to_cell(r.reason)]
+            [
+                to_cell(name),
+                *row,
+                r.total,
+                top,
+                " ".join(waiting),
+                r.status,
+                to_cell(r.reason),
+                to_cell(" | ".join(r.flags)),
+            ]
         )
     return write_atomic(out / "gradebook.csv", buf.getvalue())
 
