@@ -35,6 +35,7 @@ from course.grading.results import Limits, Result, blank_scores, questions
 from course.grading.runner import grade_one
 from course.grading.shards import (
     check_shard,
+    content_key,
     graded_results,
     read_manifest,
     save_result,
@@ -138,7 +139,7 @@ def _grade(
                 job = Path(tempfile.mkdtemp(prefix="sub-", dir=work))
                 uid = uid_base + slot if iso.uid else None
                 cpus = slot_cores(slot, jobs)
-                seed = hidden.for_student(student_name(path))
+                seed = hidden.for_student(student_name(path), content_key(path))
                 r = grade_one(path, source, qs, job, limits, iso, uid, parameters, cpus, stop, seed)
             except Exception as exc:  # the grader's own bug must not sink the batch either
                 r = Result(

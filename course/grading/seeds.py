@@ -45,9 +45,13 @@ def new_key() -> bytes:
     return secrets.token_bytes(16)
 
 
-def for_submission(key: bytes, student: str) -> int:
-    """One submission's seed: different for each student of a run, and for each run."""
-    digest = hmac.new(key, student.encode(errors="surrogateescape"), hashlib.sha256).digest()
+def for_submission(key: bytes, student: str, content: str = "") -> int:
+    """One submission's seed: different for each student of a run, for each run, and for each
+    ``content`` (the submission's files, ``shards.content_key``): a student who resubmits into
+    the same output folder is asked new cases, not the ones the first feedback showed, while a
+    replay of the same files asks the same ones."""
+    message = student.encode(errors="surrogateescape") + b"\0" + content.encode()
+    digest = hmac.new(key, message, hashlib.sha256).digest()
     return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF or 1  # never 0: 0 is the public seed
 
 
@@ -59,8 +63,8 @@ class Hidden:
     key: bytes | None = field(default=None, repr=False)  # the secret: in no message or log
     seed: int | None = None
 
-    def for_student(self, student: str) -> int:
-        return self.seed if self.seed is not None else for_submission(self.key, student)
+    def for_student(self, student: str, content: str = "") -> int:
+        return self.seed if self.seed is not None else for_submission(self.key, student, content)
 
     def record(self) -> dict:
         return {"seed": self.seed} if self.seed is not None else {"key": self.key.hex()}

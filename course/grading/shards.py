@@ -49,6 +49,17 @@ def submission_key(
     return h.hexdigest()
 
 
+def content_key(path: Path) -> str:
+    """A hash of the submission's files alone (their names and bytes): what its hidden seed
+    depends on besides the run's key and the student (course.grading.seeds)."""
+    h = hashlib.sha256()
+    if not path.is_symlink():
+        for name, f in _files(path, h):
+            h.update(os.fsencode(name))
+            _hash_file(f, h)
+    return h.hexdigest()
+
+
 def _files(path: Path, h) -> list[tuple[str, Path]]:
     """(name, path) of every regular file of a submission, sorted; a folder that cannot be
     listed (nested past the path limit, unreadable) goes into ``h`` as its error, so the key is

@@ -16,6 +16,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 
 from course.grade import grade
 from course.grading import cells, seeds
+from course.grading.shards import content_key
 
 # The probe and the check each draw the cases from COURSE_HIDDEN_SEED (0 outside grading); the
 # check looks its own cases up in the probe's data, never loops over what the probe sent.
@@ -106,11 +107,12 @@ def test_a_table_of_the_last_runs_hidden_cases_scores_nothing_in_the_next(tmp_pa
     spy = graded(tmp_path, {"student": submission(SPY, SPY_NOTES)}, "spy")["student"]
     inputs = [n for n in asked(spy) if n != 10]
     assert spy.scores["test_digit_sum"] == 0.0 and len(inputs) == 6, (spy.errors, inputs)
-    assert spy.hidden_seed == seeds.stored(tmp_path / "out-spy").for_student("student")
+    content = content_key(tmp_path / "subs-spy" / "student.ipynb")
+    assert spy.hidden_seed == seeds.stored(tmp_path / "out-spy").for_student("student", content)
     # Offline, the student solves those inputs and submits the answers as a table.
     subs = {"student": table_of(spy), "correct": source(), "forger": forger()}
     # The same seed again (what fixed hidden inputs amount to): the table passes...
-    replay = graded(tmp_path, subs, "replay", replay=tmp_path / "out-spy")
+    replay = graded(tmp_path, subs, "replay", hidden_seed=spy.hidden_seed)
     assert replay["student"].scores["test_digit_sum"] == 2.0, replay["student"].errors
     # ...a new run's seed draws new cases: the table scores 0, a correct answer 2.
     fresh = graded(tmp_path, subs, "fresh")
@@ -138,20 +140,25 @@ def test_a_run_replays_from_its_output_folder_where_its_key_stays(tmp_path):
     secret = json.loads(key.read_text())["key"].encode()
     others = [p for p in out.rglob("*") if p.is_file() and p != key]
     assert others and not [p for p in others if secret in p.read_bytes()]
-    # `course grade --replay OUT` into a new folder: the same seed, the same verdicts (the
-    # table of the first run's cases passes only at its seed).
+    # `course grade --replay OUT` of the same files into a new folder: the same seed, the same
+    # cases asked, the same verdicts.
+    lab, again = str(tmp_path / "lab.ipynb"), tmp_path / "out-again"
+    argv = ["grade", lab, str(tmp_path / "subs-first"), "--out", str(again), "--replay", str(out)]
+    argv.append("--keep-work")  # its executed notebook: which cases it asked
+    assert cli.main(argv) == 0
+    replayed = grade(lab, tmp_path / "subs-first", again, progress=False, keep_work=True)
+    replayed = replayed["student"]  # resumed: what the command saved
+    assert replayed.hidden_seed == first.hidden_seed and asked(replayed) == asked(first)
+    assert replayed.scores == first.scores
+    # A resubmission graded into the first folder: its key, but new files, so new cases. The
+    # table of the cases the first feedback showed scores 0 (red team of issue 41: with the
+    # seed a function of the name alone, it scored 2).
     table = tmp_path / "subs-table"
     table.mkdir()
     nbformat.write(table_of(first), table / "student.ipynb")
-    lab, again = str(tmp_path / "lab.ipynb"), tmp_path / "out-again"
-    argv = ["grade", lab, str(table), "--out", str(again), "--replay", str(out)]
-    assert cli.main(argv) == 0
-    replayed = grade(lab, table, again, progress=False)["student"]  # resumed: what it saved
-    assert replayed.hidden_seed == first.hidden_seed
-    assert replayed.scores["test_digit_sum"] == 2.0, replayed.errors
-    # A re-run into the first folder grades the changed submission with the key stored there.
     rerun = grade(lab, table, out, progress=False)["student"]
-    assert (rerun.hidden_seed, rerun.scores["test_digit_sum"]) == (first.hidden_seed, 2.0)
+    assert rerun.hidden_seed != first.hidden_seed
+    assert rerun.scores["test_digit_sum"] == 0.0, rerun.errors
     # --hidden-seed N is every submission's seed, exactly: a result's hidden_seed gives its
     # verdicts again, whatever the student's name.
     one = graded(tmp_path, {"renamed": table_of(first)}, "one", hidden_seed=first.hidden_seed)
@@ -199,7 +206,8 @@ def test_a_merged_run_replays_slice_by_slice_with_each_slices_key(tmp_path):
         seeds.stored(merged)
     again = graded(tmp_path, subs, "again", shard=(2, 2), replay=merged)
     assert again["bob"].hidden_seed == two["bob"].hidden_seed
-    assert again["bob"].hidden_seed != seeds.stored(tmp_path / "out-one").for_student("bob")
+    bob = content_key(tmp_path / "subs-again" / "bob.ipynb")
+    assert again["bob"].hidden_seed != seeds.stored(tmp_path / "out-one").for_student("bob", bob)
     assert asked(again["bob"]) == asked(two["bob"]) and "ann" in one
 
 
@@ -219,5 +227,10 @@ def test_seeds_differ_by_student_and_run_and_are_never_the_public_zero(run):
     key = seeds.new_key()
     a, b = seeds.for_submission(key, "ann"), seeds.for_submission(key, "bob")
     assert a != b and a != seeds.for_submission(seeds.new_key(), "ann")
+    # a resubmission (other files) is asked other cases; the same files, the same ones
+    assert seeds.for_submission(key, "ann", "files 1") != seeds.for_submission(key, "ann", "2")
+    assert seeds.for_submission(key, "ann", "files 1") == seeds.for_submission(
+        key, "ann", "files 1"
+    )
     assert 0 < a < 2**31 and 0 < b < 2**31
     assert len(key) == 16 and key != seeds.new_key()  # 128 bits, new each time
