@@ -54,7 +54,8 @@ def _notebooks_in(folder: Path) -> tuple[list[Path], str | None]:
                 break
             rel = p.relative_to(folder)
             if p.is_symlink():
-                return [], f"{shown(str(rel))} is a symbolic link: links are not accepted"
+                why = "is a symbolic link: links are not accepted in a submission"
+                return [], f"{shown(str(rel))} {why}"
             if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
                 return [], f"{shown(str(rel))} is not a regular file: submit only files and folders"
             if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
