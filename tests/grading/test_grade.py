@@ -360,7 +360,7 @@ def test_a_short_disk_costs_what_it_could_not_write_not_the_batch(assignment, tm
     ls -a {out} {out}/feedback | grep -c '[.]tmp$' | sed 's/^/TMP /'
     mount -o remount,size=10m {out}
     {cli} > {tmp_path}/second.out 2>&1; echo "SECOND $?"
-    python3 -c "import csv,sys; rows=list(csv.reader(open(sys.argv[1]))); print('ROWS', len(rows) - 1, sorted(r[-2] for r in rows[1:]))" {out}/gradebook.csv
+    python3 -c "import csv,sys; rows=list(csv.reader(open(sys.argv[1]))); at=rows[0].index('status'); print('ROWS', len(rows) - 1, sorted(r[at] for r in rows[1:]))" {out}/gradebook.csv
     """
     done = subprocess.run(
         ["unshare", "--mount", "--", "sh", "-c", script],

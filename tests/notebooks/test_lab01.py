@@ -254,6 +254,19 @@ WRONG = {
             def ring_bytes_per_rank(nbytes, world_size):       # "twice the data", whatever n
                 return 2 * nbytes
             """,
+            # the course's counts, aliased (issue 41's red team: 2/2)
+            """
+            import helpers
+            allreduce_bytes_per_step = helpers.comm.gradient_bytes
+            ring_bytes_per_rank = helpers.bandwidth.ring_allreduce_wire_bytes
+            """,
+            """
+            def allreduce_bytes_per_step(model):
+                return 4 * sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+            def ring_bytes_per_rank(nbytes, world_size):       # the course's bus factor
+                return helpers.bandwidth.bus_factor("all_reduce", world_size) * nbytes
+            """,
         ],
     ),
     "resnet18_prediction": (

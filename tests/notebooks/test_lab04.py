@@ -274,6 +274,80 @@ WRONG = {
         ],
     ),
 }
+# The course's finished code called instead of written (the red team's answers, issue 41: they
+# scored 14/14): right values, so only the call hook (helpers.labs.finished) fails them. The
+# last of the schedules and of the measured bubble switch the hook off first.
+FINISHED = {
+    "schedules": [
+        "from helpers import pipeline as pp\ngpipe_order = pp.gpipe\none_f_one_b_order = pp.one_f_one_b",
+        """
+import sys
+
+
+def _unseen(f, *args):
+    saved = sys.getprofile()
+    sys.setprofile(None)
+    try:
+        return f(*args)
+    finally:
+        sys.setprofile(saved)
+
+
+def gpipe_order(p, m, stage):
+    return _unseen(pp.gpipe, p, m, stage)
+
+
+def one_f_one_b_order(p, m, stage):
+    return _unseen(pp.one_f_one_b, p, m, stage)
+""",
+    ],
+    "pipeline_step": [
+        """
+def pipeline_step(stage, order, inputs, targets, loss_fn, shape):
+    r = pp.run(stage, order, inputs, targets, loss_fn, shape)   # the course's engine
+    return r["loss"], r["events"]
+""",
+    ],
+    "bubble_fraction": ["bubble_fraction = pp.bubble_fraction"],
+    "measured_bubble": [
+        "measured_bubble = pp.bubble",
+        """
+import sys
+
+_switch = sys.setprofile  # the real one, saved before the test's hook replaces it
+
+
+def measured_bubble(events):
+    saved = sys.getprofile()
+    _switch(None)
+    try:
+        return pp.bubble(events)
+    finally:
+        _switch(saved)
+""",
+    ],
+    "tensor_parallel": [
+        """
+from helpers.parallel import tensor_parallel as _tp
+
+CopyToParallel, ReduceFromParallel = _tp._CopyToParallel, _tp._ReduceFromParallel
+
+
+def tp_mlp(x, w1_rows, b1_part, w2_cols, b2):
+    h = torch.relu(nn.functional.linear(_tp.copy_to_parallel(x), w1_rows, b1_part))
+    return _tp.reduce_from_parallel(nn.functional.linear(h, w2_cols)) + b2
+""",
+        # the course's g's backward under a class of one's own: seen in backward
+        tensor_parallel().replace(
+            "class ReduceFromParallel(torch.autograd.Function):",
+            "from helpers.parallel import tensor_parallel as _tp\n\n\n"
+            "class ReduceFromParallel(torch.autograd.Function):",
+        )
+        + "\nCopyToParallel.backward = staticmethod(_tp._CopyToParallel.backward)\n",
+    ],
+}
+for _gid, _more in FINISHED.items():
+    WRONG[_gid][1].extend(_more)
 # the timing, memory and comparison cells grade nothing: a class is graded without them
 UNGRADED = (
     "fig, axes = plt.subplots(1, 2",
