@@ -409,8 +409,9 @@ def grade_replays(
     # whatever it scores, a person is told: each replaced helper is flagged in the gradebook
     with open(folder / "out" / "gradebook.csv", newline="", encoding="utf-8") as f:
         flagged = {row["student"]: row["flags"] for row in csv.DictReader(f)}
-    for name in (replay_attack.SAME, replay_attack.OTHER):  # (it binds through globals())
-        assert "a person will read it" in flagged[name], (name, flagged[name])
+    if any(replay_attack.replaced(c) for c in nbformat.read(blank, as_version=4).cells):
+        for name in (replay_attack.SAME, replay_attack.OTHER):  # (it binds through globals())
+            assert "a person will read it" in flagged[name], (name, flagged[name])
     return graded
 
 
