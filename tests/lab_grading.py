@@ -425,3 +425,36 @@ def assert_replays_score_nothing(graded: dict, lab: Path, auto: dict) -> None:
     control = replay_attack.replayable_tests(lab) & set(auto)
     missed = {t: (same.scores[t], same.errors.get(t)) for t in control if same.scores[t] != auto[t]}
     assert not missed, f"the replay at the recording's own seed is not faithful: {missed}"
+
+
+def verdict_and_replay(
+    lab: Path,
+    student: Path,
+    wrong: dict,
+    ungraded: tuple,
+    auto: dict,
+    overrides: dict | None = None,
+    checked: dict | None = None,
+):
+    """What each lab's test module binds, as ``verdict_run, test_replaying_... = ...``: the
+    module fixture ``verdict_run`` (the verdict kernel's run of ``checked``, by default
+    ``wrong``, its first pass noting every locked function's returns: (notes, verdicts)) and the
+    replay attack graded from those notes (``grade_replays``), which must score nothing."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def verdict_run(tmp_path_factory):
+        tmp = tmp_path_factory.mktemp(f"{lab.stem}-verdicts")
+        notes = tmp / "replay-notes.pkl"
+        run = wrong_answer_verdicts(
+            lab, student, checked or wrong, ungraded, tmp, overrides, record=notes
+        )
+        return notes, run
+
+    @pytest.mark.slow
+    @pytest.mark.timeout(1200)  # it may be the first to need the fixture: its kernel runs here
+    def test_replaying_the_locked_helpers_of_another_seed_scores_nothing(verdict_run, tmp_path):
+        graded = grade_replays(lab, student, ungraded, verdict_run[0], tmp_path, overrides)
+        assert_replays_score_nothing(graded, lab, auto)
+
+    return verdict_run, test_replaying_the_locked_helpers_of_another_seed_scores_nothing

@@ -446,26 +446,25 @@ def test_each_plausible_wrong_answer_loses_its_points_and_only_those(graded):
     lab_grading.assert_wrong_answers_lose_their_points(graded, WRONG, AUTO)
 
 
-@pytest.fixture(scope="module")
-def verdict_run(tmp_path_factory):
-    """The verdict kernel's run, its first pass noting every locked function's returns; and a
-    right answer written differently (the check can tell them apart): the last "variant" of
-    largest_fitting_batch is one."""
-    tmp = tmp_path_factory.mktemp("lab01-verdicts")
-    notes = tmp / "replay-notes.pkl"
-    test, variants = WRONG["largest_fitting_batch"]
-    right = """
-    def largest_fitting_batch(fits, start=32, limit=None):
-        batch = start
-        while (limit is None or batch <= limit) and fits(batch):
-            batch = batch * 2
-        return batch // 2 if batch > start else None
-    """
-    checked = {**WRONG, "largest_fitting_batch": (test, [*variants, right])}
-    run = lab_grading.wrong_answer_verdicts(
-        LAB, STUDENT, checked, UNGRADED, tmp, FASTER, record=notes
-    )
-    return notes, run
+# and a right answer written differently (the check can tell them apart): the last "variant"
+# of largest_fitting_batch is one
+RIGHT_SEARCH = """
+def largest_fitting_batch(fits, start=32, limit=None):
+    batch = start
+    while (limit is None or batch <= limit) and fits(batch):
+        batch = batch * 2
+    return batch // 2 if batch > start else None
+"""
+CHECKED = {
+    **WRONG,
+    "largest_fitting_batch": (
+        WRONG["largest_fitting_batch"][0],
+        [*WRONG["largest_fitting_batch"][1], RIGHT_SEARCH],
+    ),
+}
+verdict_run, test_replaying_the_locked_helpers_of_another_seed_scores_nothing = (
+    lab_grading.verdict_and_replay(LAB, STUDENT, WRONG, UNGRADED, AUTO, FASTER, checked=CHECKED)
+)
 
 
 @pytest.mark.slow
@@ -477,13 +476,6 @@ def test_each_plausible_wrong_answer_fails_its_test_cell(verdict_run):
     del verdicts["largest_fitting_batch", len(variants)]
     assert "NotImplementedError" in verdicts["shard_indices", "stub"]  # what the feedback shows
     lab_grading.assert_each_wrong_answer_fails_its_test(verdicts, WRONG)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_replaying_the_locked_helpers_of_another_seed_scores_nothing(verdict_run, tmp_path):
-    graded = lab_grading.grade_replays(LAB, STUDENT, UNGRADED, verdict_run[0], tmp_path, FASTER)
-    lab_grading.assert_replays_score_nothing(graded, LAB, AUTO)
 
 
 @pytest.mark.slow

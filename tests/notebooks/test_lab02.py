@@ -420,14 +420,9 @@ def test_each_plausible_wrong_answer_loses_its_points(graded):
     lab_grading.assert_wrong_answers_lose_their_points(graded, WRONG, AUTO)
 
 
-@pytest.fixture(scope="module")
-def verdict_run(tmp_path_factory):
-    """The verdict kernel's run, its first pass noting every locked function's returns."""
-    tmp = tmp_path_factory.mktemp("lab02-verdicts")
-    notes = tmp / "replay-notes.pkl"
-    return notes, lab_grading.wrong_answer_verdicts(
-        LAB, STUDENT, WRONG, UNGRADED, tmp, FASTER, record=notes
-    )
+verdict_run, test_replaying_the_locked_helpers_of_another_seed_scores_nothing = (
+    lab_grading.verdict_and_replay(LAB, STUDENT, WRONG, UNGRADED, AUTO, FASTER)
+)
 
 
 @pytest.mark.slow
@@ -437,13 +432,6 @@ def test_each_plausible_wrong_answer_fails_its_test_cell(verdict_run):
     lab_grading.assert_each_wrong_answer_fails_its_test(verdicts, WRONG)
     gid = next(g for g, (test, _) in WRONG.items() if test == "test_scratch_ddp")
     assert "NotImplementedError" in verdicts[gid, "stub"]  # what the feedback shows
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_replaying_the_locked_helpers_of_another_seed_scores_nothing(verdict_run, tmp_path):
-    graded = lab_grading.grade_replays(LAB, STUDENT, UNGRADED, verdict_run[0], tmp_path, FASTER)
-    lab_grading.assert_replays_score_nothing(graded, LAB, AUTO)
 
 
 # Issue 41: the blank lab with, right after each of three locked cells, a cell of the student's
