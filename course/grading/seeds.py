@@ -11,10 +11,11 @@ grading (JupyterLab, ``course check``, nbgrader) the variable is unset and the s
 cases a student could see in a plain run of the solution are seed 0's.
 
 A run's seeds come from a ``Hidden``: a secret key, each student's seed an HMAC of their name
-under it (``for_submission``), or, to reproduce one result, one seed given for every submission.
+and their submission's files under it (``for_submission``), or, to reproduce one result, one seed given for every submission.
 It is stored in the output folder (``KEY_FILE``, the grader's user's alone: mode 0600 in a 0700
 folder; never in a feedback page, the gradebook, lms.csv or the sandbox), so that
-  - a re-run into the same folder (a resumed or interrupted run) keeps the same seeds;
+  - a re-run into the same folder (a resumed or interrupted run) keeps the same seeds for the
+    same files (a resubmission, other files, is asked new cases);
   - ``course grade --replay OUT`` grades with the key stored in OUT, giving every student the
     seed that run gave them, and so the same verdicts;
   - ``course grade-merge`` keeps each slice's key (slices are graded apart, each with its own):
@@ -41,7 +42,7 @@ class SeedError(ValueError):
 
 def new_key() -> bytes:
     """A run's secret: 16 random bytes. A submission sees only its own seed, an HMAC of its
-    name under this key: it cannot work back to the key, nor to another student's seed."""
+    name and files under this key: it cannot work back to the key, nor to another student's seed."""
     return secrets.token_bytes(16)
 
 

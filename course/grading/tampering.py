@@ -18,8 +18,8 @@ import ast
 
 from course.grading import cells
 
-# Calls that rebind by name, or switch off the hooks a test watches (lab 07 notes the course's
-# finished functions through sys.setprofile) or watch the grader's own code run.
+# Calls that rebind by name, or switch off the hook a test watches (helpers.labs.finished notes
+# the course's finished functions through sys.setprofile), or watch the grader's own code run.
 SUSPECT_CALLS = {
     "setattr": "setattr(...)",
     "globals": "globals()",
