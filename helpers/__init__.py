@@ -63,6 +63,8 @@ from helpers.parallel import (
 from helpers.tools import multinode, profiling
 from helpers.workloads import data, models
 
+world.fit_threads_to_devices()  # torch counts the node's cores, not a hub server's CPU quota
+
 # Every module kept its name one level up: ``helpers.pipeline``, ``from helpers.world import
 # rank``, and pickles that name the old path all still resolve.
 # Kept for one release (the course's notebooks already use the names above); new code imports

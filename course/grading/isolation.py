@@ -340,24 +340,37 @@ def usage(procs) -> tuple[int, int]:
     return used, len(procs)
 
 
+def grader_devices() -> int:
+    """The grader's devices by helpers' device model (imported here: importing helpers loads
+    torch, a second the grader pays only when it sizes its slots)."""
+    from helpers.launcher.world import cpu_count
+
+    return cpu_count()
+
+
 def slot_cores(slot: int, jobs: int) -> list[int] | None:
     """The cores grading slot ``slot`` of ``jobs`` may use: an equal share, so a CPU-hungry
-    submission slows only itself (None with one slot: all of them). With more slots than
-    cores, slots share cores round-robin."""
+    submission slows only itself (None with one slot: all of them). The shares are of the
+    devices the grader has (helpers' device model: its cores, capped by its CPU quota, so a
+    grader on a hub server with a 2-CPU quota shares 2 devices, not the node's 64 cores). With
+    more slots than devices, slots share cores round-robin."""
     cores = sorted(os.sched_getaffinity(0))
-    if jobs <= 1:
-        return None
-    if jobs > len(cores):
-        return [cores[slot % len(cores)]]
-    share = len(cores) // jobs
+    devices = min(len(cores), grader_devices())
+    if jobs <= 1:  # one slot: every device; a cpuset says how many when a quota caps them,
+        # since the sandbox cannot read the grader's cgroup files to count them itself
+        return None if devices == len(cores) else cores[:devices]
+    if jobs > devices:
+        return [cores[slot % devices]]
+    share = devices // jobs
     return cores[slot * share : (slot + 1) * share]
 
 
 def plan_slots(jobs: int, world: int) -> tuple[int, int]:
     """(slots, cores per slot) for ``jobs`` asked and a lab whose runs start ``world`` ranks:
-    a slot gets a core per rank where the machine has them, and there are fewer slots rather
-    than oversubscribed ones (a graded run then times what the student's own run timed)."""
-    cores = len(os.sched_getaffinity(0))
+    a slot gets a device per rank where the grader has them (cores, capped by its CPU quota),
+    and there are fewer slots rather than oversubscribed ones (a graded run then times what the
+    student's own run timed)."""
+    cores = grader_devices()
     per_slot = max(1, min(world, cores))
     return max(1, min(jobs, cores // per_slot)), per_slot
 

@@ -33,7 +33,15 @@ import nbformat
 
 from course.grading import cells, seeds
 from course.grading.assemble import assemble, split_tests
-from course.grading.isolation import UNSAFE, UNSAFE_NOTE, Group, Isolation, alive, usage
+from course.grading.isolation import (
+    UNSAFE,
+    UNSAFE_NOTE,
+    Group,
+    Isolation,
+    alive,
+    grader_devices,
+    usage,
+)
 from course.grading.manual import answers_of
 from course.grading.results import Limits, Question, Result, blank_scores
 from course.grading.sandbox import bwrap_argv
@@ -165,7 +173,7 @@ def _start_runner(private: Path, job: dict, group: Group, iso: Isolation, marker
         count = f"{len(cpus)} core{'s' if len(cpus) > 1 else ''}"
         job["isolation"].append(f"{count}: cpu {', '.join(map(str, cpus))} ({how})")
     else:  # one slot: the timings a student's run and this one took are on whole machines
-        cores = len(os.sched_getaffinity(0))
+        cores = grader_devices()
         job["isolation"].append(
             f"{cores} core{'s' if cores > 1 else ''}: every core of this machine"
         )

@@ -21,8 +21,13 @@ from helpers.launcher import _pickling, _rankserver
 from helpers.launcher.errors import (
     LaunchError,
 )
+from helpers.launcher.limits import cpu_limit
 from helpers.launcher.pool import START_TIMEOUT, Pool
-from helpers.launcher.world import BACKENDS, cpu_count, oversubscribed, thread_budget
+from helpers.launcher.world import (
+    BACKENDS,
+    oversubscribed,
+    thread_budget,
+)
 
 OUTPUTS = ("live", "rank0", "grouped", "none")
 DEFAULT_TIMEOUT = float(os.environ.get("HELPERS_LAUNCH_TIMEOUT", "300"))
@@ -211,11 +216,14 @@ def _server_env(env: dict) -> dict:
 
 
 def oversubscribed_notice(world_size: int, threads: int) -> str:
-    """The one line a cell shows when its world has more ranks than cores to run them."""
+    """The one line a cell shows when its world has more ranks than devices to run them."""
+    limit = cpu_limit()
+    n = limit.count
+    why = f" Devices here: {limit.describe()}." if limit.source == "quota" else ""
     return (
         f"helpers.launch: {world_size} ranks × {threads} thread{'s' if threads > 1 else ''} on "
-        f"{cpu_count()} cores is OVERSUBSCRIBED: ranks take turns on the cores, so its timings "
-        "are not scaling (they are marked oversubscribed)."
+        f"{n} device{'s' if n != 1 else ''} is OVERSUBSCRIBED: ranks take turns on the cores, "
+        f"so its timings are not scaling (they are marked oversubscribed).{why}"
     )
 
 

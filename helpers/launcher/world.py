@@ -10,15 +10,38 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
+from helpers.launcher.limits import cpu_limit
+
 BACKENDS = ("auto", "gloo", "nccl", "mpi")
 
 
 def cpu_count() -> int:
-    """Cores this process may run on (the affinity mask, which containers narrow)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        return os.cpu_count() or 1
+    """Devices this process has: the cores it may run on, capped by its CPU quota.
+
+    The affinity mask (which containers and Slurm narrow) and the CFS quota of its cgroups
+    (which JupyterHub and Kubernetes set), the tightest of them in whole cores: see limits.py.
+    """
+    return cpu_limit().count
+
+
+def cpu_limit_text() -> str:
+    """Which limit ``cpu_count`` read, and why: the sentence lecture 00 and the notices print."""
+    return cpu_limit().describe()
+
+
+def fit_threads_to_devices() -> int:
+    """Cap this process's torch threads at its devices, and return the count it now uses.
+
+    torch sizes its thread pool from the node's cores, not from a CPU quota: a notebook kernel
+    on a hub server with 2 CPUs of a 64-core node would run 64 threads on 2 CPUs of time, each
+    throttled in turn, and its one-process references would crawl. Called once by ``import
+    helpers``; ranks set their own budget (``init_rank``).
+    """
+    import torch
+
+    if torch.get_num_threads() > cpu_count():
+        torch.set_num_threads(cpu_count())
+    return torch.get_num_threads()
 
 
 def thread_budget(local_world_size: int = 1, threads: int | None = None) -> int:
@@ -57,13 +80,14 @@ def pinned_cores(local_rank: int, local_world_size: int, threads: int) -> list[i
     """The cores rank ``local_rank`` is pinned to: its own ``threads`` of them, or None.
 
     Pinning keeps a rank on its "device" (no migration between cores, warm caches); an
-    oversubscribed world is not pinned, the OS spreads it best.
+    oversubscribed world is not pinned, the OS spreads it best. Under a CPU quota the mask
+    can hold more cores than the quota pays for: the world is judged by ``cpu_count()``.
     """
     try:
         cores = sorted(os.sched_getaffinity(0))
     except AttributeError:  # macOS: no affinity API
         return None
-    if local_world_size * threads > len(cores):
+    if local_world_size * threads > min(len(cores), cpu_count()):
         return None
     return cores[local_rank * threads : (local_rank + 1) * threads]
 
@@ -72,13 +96,10 @@ def budget() -> dict:
     """This process's device budget: threads, the cores it is pinned to, whether oversubscribed."""
     import torch
 
-    try:
-        cores = sorted(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = None
+    limit = cpu_limit()
     return {
         "threads": torch.get_num_threads(),
-        "cores": cores,
+        "cores": list(limit.cores) if limit.cores is not None else None,
         "oversubscribed": os.environ.get("HELPERS_OVERSUBSCRIBED") == "1",
     }
 

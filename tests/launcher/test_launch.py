@@ -493,7 +493,7 @@ def test_ranks_are_pinned_to_distinct_cores_unless_oversubscribed(capfd):
     budgets = helpers.launch(helpers.world.budget, world_size=n)
     assert all(b["oversubscribed"] and len(b["cores"]) == cores for b in budgets)
     out, err = capfd.readouterr()
-    assert f"{n} ranks × 1 thread on {cores} cores is OVERSUBSCRIBED" in out and not err
+    assert f"{n} ranks × 1 thread on {cores} devices is OVERSUBSCRIBED" in out and not err
     helpers.launch(helpers.world.budget, world_size=n)  # a warm pool says it once, not per launch
     assert "OVERSUBSCRIBED" not in capfd.readouterr().out
 
