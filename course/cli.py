@@ -114,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("notebooks", nargs="+")
     rec.add_argument("--profile", default="quick", choices=("quick", "full"))
 
+    _add_exchange(sub)
+
     args = parser.parse_args(argv)
     if args.command == "kernel":
         from course.kernel import install_kernel
@@ -147,8 +149,9 @@ def main(argv: list[str] | None = None) -> int:
         for entry in select(load_syllabus(), args.notebooks):
             print(f"recorded {record(entry.path, entry.parameters(args.profile))}")
         return 0
-    if args.command == "grade":
-        return _grade(args)
+    handlers = {"grade": _grade, "handout": _handout, "collect": _collect, "return": _return}
+    if args.command in handlers:
+        return handlers[args.command](args)
     if args.command in ("mark", "export"):
         from course.grade import export, mark
         from course.grading.reports import summary
@@ -194,8 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
-def find_lab(name: str):
-    """A solution notebook by path, or by the start of its name in solutions/ (e.g. lab01)."""
+def find_lab(name: str, folder: str = "solutions"):
+    """A notebook by path, or by the start of its name in ``folder`` (solutions/ or labs/) of
+    the repository (e.g. lab01)."""
     from pathlib import Path
 
     from course.syllabus import REPO
@@ -203,8 +207,94 @@ def find_lab(name: str):
     lab = Path(name)
     if lab.exists():
         return lab
-    found = sorted((REPO / "solutions").rglob(f"{name}*.ipynb"))
+    found = sorted((REPO / folder).rglob(f"{name}*.ipynb"))
     return found[0] if len(found) == 1 else None
+
+
+def _add_exchange(sub) -> None:
+    """`course handout`, `collect` and `return` (course.exchange), each for a list of users."""
+    lab_help = "the released lab (or its name in labs/, e.g. lab01)"
+    h = sub.add_parser("handout", help="put a lab into each user's ~/course, as theirs")
+    h.add_argument("lab", help=lab_help)
+    c = sub.add_parser(
+        "collect", help="take each user's ~/course/LAB.ipynb into OUT/USER/ for `course grade`"
+    )
+    c.add_argument("lab", help=lab_help)
+    c.add_argument("out", help="the folder of submissions (then `course grade LAB OUT`)")
+    r = sub.add_parser(
+        "return", help="put each user's feedback page into ~/course/feedback/LAB.html"
+    )
+    r.add_argument("out", help="the output folder of `course grade` (its feedback/USER.html)")
+    r.add_argument("--lab", default=None, help="LAB (default: the lab OUT was graded with)")
+    for p in (h, c, r):
+        who = p.add_mutually_exclusive_group(required=True)
+        who.add_argument("--users", help="user names, comma-separated")
+        who.add_argument("--roster", metavar="FILE", help="user names, one a line (# comments)")
+        who.add_argument(
+            "--hub",
+            metavar="URL",
+            help="the users of the JupyterHub at URL but its admins (token: $JUPYTERHUB_API_TOKEN)",
+        )
+
+
+def _users(args) -> list[str]:
+    """The users named by --users, --roster or --hub; an ExchangeError or OSError says why not."""
+    import os
+
+    from course.exchange import TOKEN_ENV, hub_accounts, read_roster
+
+    if args.users is not None:
+        return [u.strip() for u in args.users.split(",") if u.strip()]
+    if args.roster is not None:
+        return read_roster(args.roster)
+    accounts = hub_accounts(args.hub, os.environ.get(TOKEN_ENV))
+    admins = sorted(u["name"] for u in accounts if u.get("admin"))
+    if admins:
+        print(f"left out, as the hub's admins: {', '.join(admins)}", file=sys.stderr)
+    return [u["name"] for u in accounts if not u.get("admin")]
+
+
+def _exchange(args, move) -> int:
+    """Run ``move(users)`` for the users ``args`` name; print a line a user. 1 if any failed."""
+    from course.exchange import ExchangeError
+
+    try:
+        moved = move(_users(args))
+    except (ExchangeError, OSError) as exc:
+        print(f"course {args.command}: {exc}", file=sys.stderr)
+        return 2
+    for m in moved:
+        print(m, file=sys.stdout if m.ok else sys.stderr)
+    return 0 if all(m.ok for m in moved) else 1
+
+
+def _handout(args) -> int:
+    from course.exchange import handout
+
+    lab = find_lab(args.lab, "labs")
+    if lab is None:
+        print(f"course handout: {args.lab} names no single notebook in labs/", file=sys.stderr)
+        return 2
+    return _exchange(args, lambda users: handout(lab, users))
+
+
+def _collect(args) -> int:
+    from course.exchange import collect
+
+    lab = find_lab(args.lab, "labs")
+    if lab is None:
+        print(f"course collect: {args.lab} names no single notebook in labs/", file=sys.stderr)
+        return 2
+    code = _exchange(args, lambda users: collect(lab, args.out, users))
+    if code != 2:
+        print(f"manifest: {args.out}/collected.json; next: course grade {args.lab} {args.out}")
+    return code
+
+
+def _return(args) -> int:
+    from course.exchange import return_feedback
+
+    return _exchange(args, lambda users: return_feedback(args.out, users, args.lab))
 
 
 def _grade(args) -> int:

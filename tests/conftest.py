@@ -25,6 +25,7 @@ LONGEST_FIRST = (
     "test_course_run_labs.py",
     "test_course_run.py",
     "test_grade.py",
+    "test_hub.py",
     "test_nbgrader_interop.py",
     "test_lab01.py",
     "test_lab03.py",

@@ -10,11 +10,15 @@ with one name, read up to a cap, and parsed as JSON, then as a notebook.
 becomes file names (results/NAME.json, feedback/NAME.html) and the gradebook's rows, so one that
 is not UTF-8, hidden, too long, or shared by two entries is refused alone, under a name of its
 own that no other entry takes.
+A folder `course collect` (course.exchange) filled holds the notebook it took, or instead a
+note (NOT_COLLECTED) saying why it took none: no notebook in the home, or one refused by these
+same rules; that note is the reason the gradebook gives.
 Trusts: nothing of the submission; a refusal is a reason the student reads in the feedback.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -70,11 +74,14 @@ def _notebooks_in(folder: Path) -> tuple[list[Path], str | None]:
     return sorted(found), None
 
 
-def _read_regular(path: Path) -> tuple[bytes | None, str | None]:
-    """The bytes of a regular file opened without following a link, or a reason."""
+def read_regular(path: Path, dir_fd: int | None = None) -> tuple[bytes | None, str | None]:
+    """The bytes of a regular file opened without following a link, or a reason. ``dir_fd``:
+    ``path`` is a name in that open folder (course.exchange walks a home that way)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
     except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a link
+            return None, f"{shown(path.name)} is a symbolic link: submit the notebook itself"
         return None, f"{shown(path.name)} cannot be read safely ({exc.strerror})"
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
@@ -125,10 +132,13 @@ def student_name(path: Path) -> str:
     return path.stem if path.is_file() else path.name
 
 
+COLLECTED = "collected.json"  # `course collect`'s manifest, beside the students' folders
+NOT_COLLECTED = "NOT_COLLECTED.txt"  # in a student's folder: why `course collect` took nothing
 # What tools leave in a folder of submissions, never a student's: skipped with a note
 TOOL_LITTER = {
     ".ipynb_checkpoints": "Jupyter's checkpoints, not a submission",
     ".DS_Store": "macOS's folder settings, not a submission",
+    COLLECTED: "course collect's manifest, not a submission",
 }
 
 
@@ -181,6 +191,14 @@ def _unique(label: str, taken: set) -> str:
     return name
 
 
+def _collect_note(folder: Path) -> str | None:
+    """The reason `course collect` left in ``folder`` (NOT_COLLECTED) for taking no notebook,
+    or None where it left none."""
+    raw, _ = read_regular(folder / NOT_COLLECTED)
+    text = raw[:2000].decode("utf-8", "replace").strip() if raw else ""
+    return text or None
+
+
 def load_submission(path: Path):
     """(notebook, None) or (None, reason) for anything that is not a readable notebook."""
     if path.is_symlink():
@@ -190,11 +208,11 @@ def load_submission(path: Path):
         if refused:
             return None, refused
         if not found:
-            return None, "no .ipynb file in the submission folder"
+            return None, _collect_note(path) or "no .ipynb file in the submission folder"
         path = found[0]
     if path.suffix != ".ipynb":
         return None, f"not a notebook ({shown(path.name)})"
-    raw, refused = _read_regular(path)
+    raw, refused = read_regular(path)
     if refused:
         return None, refused
     if not raw.strip():
