@@ -213,3 +213,52 @@ def check_can_run(python: Path, group: str) -> None:
             f"students (group {group}) cannot run {python}: {done.stderr.strip()[-500:]}. "
             "Every folder above .venv and the Python it was made from must be open to them."
         )
+
+
+# What only the instructor may read: the solutions (hidden tests included), the executed course
+# and the grades under build/, and .git, whose objects hold every solution ever committed.
+# Students need .venv, helpers/ and labs/ (their kernels import helpers), nothing else.
+INSTRUCTOR_ONLY = ("solutions", "build", ".git")
+
+
+def hide_from_students(repo: Path, group: str) -> list[Path]:
+    """Take every right of "others" off the instructor-only folders of ``repo`` (and the group's
+    where the folder belongs to the students' group), so a student cannot copy the solutions
+    into ~/course and have them collected as their own; then check it as a member of ``group``.
+    Not undone by `hub.sh stop`: the students' accounts outlive the hub."""
+    gid = ensure_group(group)
+    hidden = []
+    for name in INSTRUCTOR_ONLY:
+        path = repo / name
+        if not path.exists():
+            continue
+        st = path.stat()
+        mode = st.st_mode & ~0o007
+        if st.st_gid == gid:
+            mode &= ~0o070
+        if mode != st.st_mode:
+            path.chmod(stat.S_IMODE(mode))
+            print(f"hub: {path} is no longer readable by students (chmod o-rwx)", file=sys.stderr)
+        hidden.append(path)
+    check_cannot_read(hidden, group)
+    return hidden
+
+
+def check_cannot_read(paths: list[Path], group: str) -> None:
+    """List each of ``paths`` as a member of ``group`` with no other rights (user nobody);
+    raise if one can be read: an ACL or a parent's group can still open it."""
+    probe = "import os, sys\nfor p in sys.argv[1:]:\n    try:\n        os.listdir(p)\n"
+    probe += "        print(p)\n    except OSError:\n        pass\n"
+    done = subprocess.run(
+        ["runuser", "-u", "nobody", "-g", group, "--", sys.executable, "-c", probe]
+        + [str(p) for p in paths],
+        capture_output=True,
+        text=True,
+        cwd="/",
+    )
+    readable = done.stdout.split()
+    if readable or done.returncode != 0:
+        raise RuntimeError(
+            f"students (group {group}) can still read {', '.join(readable) or done.stderr[-300:]}:"
+            " remove the ACL or group right that opens it before starting the hub"
+        )

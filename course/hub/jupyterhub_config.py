@@ -83,6 +83,8 @@ c.CourseSpawner.cgroup_tree = tree.dirs
 # Students run .venv's Python: let their group pass through the folders above it (accounts).
 accounts.grant_passage([VENV / "bin" / "python", REPO], group, state / "acl-grants.json")
 accounts.check_can_run(VENV / "bin" / "python", group)
+# ...and not the solutions: a student could copy them into ~/course and hand them in.
+accounts.hide_from_students(REPO, group)
 
 # --- services: the idle culler, and a token for `course` commands that read the hub's users --
 token_file = state / "api_token"

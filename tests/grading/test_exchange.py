@@ -402,7 +402,8 @@ def test_the_student_cannot_read_the_process_that_acts_as_them(accounts, monkeyp
     pidfile, go = Path(pw.pw_dir, "pid"), Path(pw.pw_dir, "go")
 
     def work():  # in the child, as the student: says where it is, waits to be looked at
-        pidfile.write_text(str(os.getpid()))
+        Path(f"{pidfile}.new").write_text(str(os.getpid()))
+        os.rename(f"{pidfile}.new", pidfile)  # whole: never an empty file read as a pid
         deadline = time.monotonic() + 20
         while not go.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -413,7 +414,10 @@ def test_the_student_cannot_read_the_process_that_acts_as_them(accounts, monkeyp
     child.start()
     own = subprocess.Popen(["sleep", "30"], user=pw.pw_name, env={"X": secret})
     try:
-        while not pidfile.exists():
+        # the sleep must have become the student and exec'd before it is looked at
+        while not pidfile.exists() or not Path(f"/proc/{own.pid}/cmdline").read_bytes().startswith(
+            b"sleep"
+        ):
             time.sleep(0.02)
         peeks = {
             pid: [

@@ -306,6 +306,26 @@ def test_the_worlds_past_the_quota_are_marked_oversubscribed(side_by_side):
             )
 
 
+PEEK = """from pathlib import Path
+for name in {names!r}:
+    try:
+        found = sorted(p.name for p in Path({repo!r}, name).iterdir())
+        print(name, "READABLE", found[:3])
+    except PermissionError:
+        print(name, "refused")"""
+
+
+def test_a_student_cannot_read_the_solutions(side_by_side):
+    """A student who could read solutions/ (or build/, or the objects in .git) could copy an
+    answer into ~/course and have `course collect` take it as their own work."""
+    page = side_by_side["pages"][side_by_side["names"][0]]
+    cell = add_cell_and_run(page, PEEK.format(names=accounts.INSTRUCTOR_ONLY, repo=str(REPO)))
+    text = output(page, cell)
+    for name in accounts.INSTRUCTOR_ONLY:
+        if (REPO / name).exists():
+            assert f"{name} refused" in text, text
+
+
 SAVE = """() => window.jupyterapp.commands.execute('docmanager:save')"""
 SAVED = """() => !window.jupyterapp.shell.currentWidget.context.model.dirty"""
 
