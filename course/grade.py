@@ -229,7 +229,8 @@ def _refuse_names(entries: list[Path], qs, shard) -> tuple[list[Path], list[Resu
 
 def lab_world(source, parameters: dict) -> int:
     """The most ranks the lab starts at once, read from its parameters cell (``world_size``,
-    ``world_sizes``) as overridden by ``parameters``; 1 where it names none."""
+    ``world_sizes``, and a pipeline's ``stages``, one rank each) as overridden by
+    ``parameters``; 1 where it names none."""
     import ast
 
     values = {}
@@ -241,7 +242,7 @@ def lab_world(source, parameters: dict) -> int:
                     with contextlib.suppress(ValueError):
                         values[name] = ast.literal_eval(node.value)
     values.update(parameters)
-    sizes = [values.get("world_size")] + list(values.get("world_sizes") or [])
+    sizes = [values.get("world_size"), values.get("stages")] + list(values.get("world_sizes") or [])
     return max([int(n) for n in sizes if isinstance(n, int) and n > 0], default=1)
 
 

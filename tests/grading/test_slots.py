@@ -21,6 +21,8 @@ from course.syllabus import REPO
         ("lab01_ddp_scaling", {"world_sizes": [1, 2]}, 2),  # a profile's override wins
         ("lab02_build_ddp", {}, 2),
         ("lab02_build_ddp", {"world_size": 3}, 3),
+        ("lab04_pipeline_tensor", {}, 2),
+        ("lab04_pipeline_tensor", {"stages": 4}, 4),  # a pipeline's stages are ranks too
     ],
 )
 def test_the_labs_world_is_read_from_its_parameters(lab, overrides, world):
