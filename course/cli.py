@@ -114,7 +114,19 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("notebooks", nargs="+")
     rec.add_argument("--profile", default="quick", choices=("quick", "full"))
 
+    cmp_ = sub.add_parser(
+        "compare",
+        help="list every findings verdict that differs between two executed builds",
+        description="List every findings verdict that differs between two executed builds "
+        "(folders of notebooks matched by path, e.g. build/ and . for the recorded ones): a "
+        "REVERSAL (x ahead of y in one, y ahead of x in the other) exits 1; a WEAKENING "
+        "(separated in one, not in the other) is listed.",
+    )
+    cmp_.add_argument("build_a", help="a folder of executed notebooks (or one notebook)")
+    cmp_.add_argument("build_b", help="another (or the repository: its recorded notebooks)")
+
     _add_exchange(sub)
+    _add_site(sub)
 
     args = parser.parse_args(argv)
     if args.command == "kernel":
@@ -149,7 +161,15 @@ def main(argv: list[str] | None = None) -> int:
         for entry in select(load_syllabus(), args.notebooks):
             print(f"recorded {record(entry.path, entry.parameters(args.profile))}")
         return 0
-    handlers = {"grade": _grade, "handout": _handout, "collect": _collect, "return": _return}
+    if args.command == "compare":
+        return _compare(args)
+    handlers = {
+        "grade": _grade,
+        "handout": _handout,
+        "collect": _collect,
+        "return": _return,
+        "site": _site,
+    }
     if args.command in handlers:
         return handlers[args.command](args)
     if args.command in ("mark", "export"):
@@ -211,6 +231,12 @@ def find_lab(name: str, folder: str = "solutions"):
     return found[0] if len(found) == 1 else None
 
 
+def _compare(args) -> int:
+    from course.compare import main as compare_main
+
+    return compare_main(args.build_a, args.build_b)
+
+
 def _add_exchange(sub) -> None:
     """`course handout`, `collect` and `return` (course.exchange), each for a list of users."""
     lab_help = "the released lab (or its name in labs/, e.g. lab01)"
@@ -235,6 +261,44 @@ def _add_exchange(sub) -> None:
             metavar="URL",
             help="the users of the JupyterHub at URL but its admins (token: $JUPYTERHUB_API_TOKEN)",
         )
+
+
+def _add_site(sub) -> None:
+    """`course site`: build/ as a static book (course.site)."""
+    s = sub.add_parser(
+        "site",
+        help="build/site/: the executed course as a book (search, side bar, launch links)",
+        description="Render the notebooks `course run` executed into BUILD as a static book in "
+        "BUILD/site/ (Sphinx, myst-nb, sphinx-book-theme), executing nothing. Launch links "
+        "default to $COURSE_REPOSITORY (or git's https origin), $COURSE_HUB_URL, $COURSE_BRANCH.",
+    )
+    s.add_argument("--build", default=None, help="the run's folder (default: build/)")
+    s.add_argument("--repository", default=None, help="the course's public git repository URL")
+    s.add_argument("--hub", default=None, help="a JupyterHub with nbgitpuller, for launch links")
+    s.add_argument("--branch", default=None, help="the repository's branch (default: main)")
+    s.add_argument("--binder", default=None, help="a BinderHub (default: https://mybinder.org)")
+
+
+def _site(args) -> int:
+    from dataclasses import replace
+
+    from course.site import build_site, default_launch
+    from course.syllabus import REPO
+
+    given = {"repository": args.repository, "hub": args.hub, "branch": args.branch}
+    given["binder"] = args.binder
+    launch = replace(default_launch(), **{k: v for k, v in given.items() if v is not None})
+    try:
+        site = build_site(args.build or REPO / "build", launch)
+    except (FileNotFoundError, RuntimeError) as exc:
+        print(f"course site: {exc}", file=sys.stderr)
+        return 2
+    for warning in site.warnings:
+        print(warning, file=sys.stderr)
+    print(f"site: {site.index} in {site.seconds:.1f} s ({len(site.warnings)} Sphinx warnings)")
+    if not launch.repository:
+        print("no launch links: give --repository URL (and --hub URL)", file=sys.stderr)
+    return 0
 
 
 def _users(args) -> list[str]:

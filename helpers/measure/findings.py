@@ -7,55 +7,106 @@ difference only where the repeats separate them, "indistinguishable here" where 
 (a tie is a tie), and how many repeats would settle it. In a notebook the result shows as a
 Markdown sentence; ``str()`` gives the same sentence as plain text, for a print.
 
-The rule for "separated": a rank test (Mann–Whitney). Count the pairs, one repeat of each
-configuration, that come out in the other order (U); with no real difference every split of the
-pooled repeats between the two is equally likely, and the chance of a split at least as lopsided
-as the one measured is computed exactly (by enumerating the splits; the normal approximation past
-20,000 of them). Separated means that chance is at most 0.1. With few repeats only fully disjoint
-ranges get there: their chance is 2 / C(n + m, n) (0.1 for 3 against 3, 0.03 for 4 against 4);
-with more repeats a few pairs may fall the other way, so more repeats always help (a rule that
-needed disjoint ranges would get *stricter* with more repeats, as the extremes spread).
-The repeats needed to tell a relative difference d apart with a run-to-run coefficient of
-variation c follow Lehr's rule, n ≈ 2(z₀.₉₅ + z₀.₈)² c² / d², for this test at 0.1 with an 80 %
-chance to see it, and the rank test's efficiency against a t-test on normal data (3/π): about
-13 c² / d² per configuration.
+The rule for "separated" is a rank test at the comparison's level, and Lehr's rule says how many
+repeats would settle a tie: helpers.measure.chance, which holds the statistics.
+
+A notebook's comparisons are judged as one family, not one at a time. A notebook makes dozens of
+comparisons (every pair of an ``order()`` counts), and at 0.1 each, about one in ten comparisons
+of configurations that do not differ at all comes out "separated": a few per run, different ones
+on every run. So a notebook declares at its top how many comparisons it will make,
+``findings.family(K)``, and every comparison is judged at 0.1 / K (Bonferroni): the chance that a
+run prints even one separation that noise alone made is then at most 0.1 (a family-wise rule).
+Why not Benjamini–Hochberg (a false-discovery rate, more power): BH judges each chance against the
+family's sorted chances, so a verdict printed as the notebook runs could only be provisional, and
+the prose a later cell builds on it would be re-judged under it; BH's guarantee also needs the
+comparisons to be independent or positively dependent, and a notebook's comparisons share
+samples (one baseline against two and four ranks, every pair of an ordering). Its online
+variants (LOND) judge each comparison by how many separations came before it, so one verdict that
+flips between runs moves the ones after it. A Bonferroni verdict depends on its own repeats alone, holds under any
+dependence, is final when printed, and is the same in any cell order: what the next run has to
+reproduce. Its price is power, paid in repeats: the smallest chance the rank test can give is that
+of fully disjoint ranges, 2 / C(n + m, n): 0.1 for 3 against 3, 0.029 for 4, 0.0079 for 5, 0.0022
+for 6, 0.00058 for 7. So 3 repeats against 3 can separate only in a family of one; a family of
+2–3 comparisons needs 4 repeats each, 4–12 five, 13–46 six, 47–171 seven
+(``repeats_to_separate()``; ``repeats_needed(c, d)`` applies Lehr's rule at the family's level,
+never below that floor). ``findings.summary()``, at the notebook's end, prints the comparisons
+made, the separations, and the separations chance alone would give (the sum over comparisons of
+each one's exact chance of separating when nothing differs). A notebook that made more
+comparisons than it declared was judged too loosely: the summary judges them again at 0.1 over
+the count made and names every verdict that does not stand, and every comparison whose repeats
+could not separate at that level at all. Without a declaration each comparison is judged alone at
+0.1, as it was before the family, and the summary says the same.
+
+A fit is judged by what it predicts, not by R² alone: ``fit(..., predicted=, measured=)`` reports
+a prediction outside the measured range as a miss, however high the R².
+
+Every displayed finding carries its verdict as JSON (``MIME``) beside the Markdown, for
+``course compare`` to match verdicts between two builds; a printed one is read from its sentence.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import statistics
 from dataclasses import dataclass, field
 
-MAX_CHANCE = 0.1  # the most a "separated" verdict may owe to chance (see the module doc)
-# Lehr's constant for a two-sided test at MAX_CHANCE with 80 % power, over the rank test's
-# efficiency against a t-test on normal data, 3/π: 2 (z_0.95 + z_0.8)² π / 3 ≈ 12.95
-LEHR = (
-    2
-    * (statistics.NormalDist().inv_cdf(1 - MAX_CHANCE / 2) + statistics.NormalDist().inv_cdf(0.8))
-    ** 2
-    * math.pi
-    / 3
+from helpers.measure.chance import (  # noqa: F401  (re-exported: findings.rank_test, ...)
+    EXACT_SPLITS,
+    LEHR,
+    MAX_CHANCE,
+    Comparison,
+    Family,
+    _pair,
+    _within,
+    chance_separated,
+    current,
+    cv,
+    family,
+    lehr,
+    null_separation_chance,
+    rank_test,
+    repeats_needed,
+    repeats_to_separate,
 )
-LEHR_RULE = f"{LEHR:.0f}c²/d², Lehr's rule for this test"  # how the advice is printed
-EXACT_SPLITS = 20_000  # up to this many splits the rank test's chance is counted exactly
+
 R2_FLOOR = 0.9  # below it a fit describes no trend worth extrapolating
+MIME = "application/vnd.course.finding+json"  # a displayed finding's verdict, for course compare
+
+
+def lehr_rule(level: float | None = None) -> str:
+    """How the advice is printed: '13c²/d², Lehr's rule for this test' at the family's level."""
+    level = current().level if level is None else level
+    return f"{lehr(level):.0f}c²/d², Lehr's rule for this test"
+
+
+def __getattr__(name: str):
+    # LEHR_RULE follows the family a notebook declared (module attribute kept for lab 06)
+    if name == "LEHR_RULE":
+        return lehr_rule()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass
 class Finding:
-    """One statement, the numbers behind it, and its verdict (a word tests can check)."""
+    """One statement, the numbers behind it, and its verdict (a word tests can check).
+
+    ``record``: the verdict as JSON for ``course compare``; shown beside the Markdown when the
+    finding is displayed, never printed."""
 
     text: str
     verdict: str
     numbers: dict = field(default_factory=dict)
+    record: dict | None = field(default=None, repr=False)
 
     def __str__(self) -> str:
         return self.text.replace("**", "")  # printed: plain text; displayed: Markdown
 
     def _repr_markdown_(self) -> str:
         return self.text
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
+        # only the record: IPython adds the Markdown and the plain text from the other reprs
+        return {MIME: self.record} if self.record is not None else {}
 
 
 def fmt(x: float, digits: int = 3) -> str:
@@ -94,75 +145,6 @@ def value(values, unit: str = "", name: str | None = None) -> Finding:
     )
 
 
-def chance_separated(n: int, m: int) -> float:
-    """Probability that n and m repeats of the same thing come out with disjoint ranges."""
-    return min(1.0, 2.0 / math.comb(n + m, n))
-
-
-def cv(values) -> float:
-    """Run-to-run coefficient of variation (sample standard deviation over the mean)."""
-    values = list(values)
-    if len(values) < 2:
-        return math.nan
-    mean = statistics.fmean(values)
-    return statistics.stdev(values) / abs(mean) if mean else math.nan
-
-
-def repeats_needed(c: float, d: float) -> int | None:
-    """Lehr's rule for the rank test: repeats per configuration to tell a relative difference
-    ``d`` apart at noise ``c`` (an 80 % chance of a separated verdict)."""
-    if not (c > 0 and d > 0) or not math.isfinite(c):
-        return None
-    # at least 3: with fewer, even disjoint ranges owe too much to chance (MAX_CHANCE)
-    return max(3, math.ceil(LEHR * c * c / (d * d)))
-
-
-def _midranks(values: list[float]) -> list[float]:
-    order = sorted(range(len(values)), key=values.__getitem__)
-    ranks = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):  # tied values share the mean of their ranks
-            ranks[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return ranks
-
-
-def rank_test(a, b) -> tuple[float, float]:
-    """(U, chance): U counts the pairs (x from ``a``, y from ``b``) with x > y, ties a half; the
-    chance is that of a U at least as far from its middle n·m/2 when the two are the same (two-
-    sided), exact over every split of the pooled values up to EXACT_SPLITS, else by the normal
-    approximation with the correction for ties."""
-    a, b = list(a), list(b)
-    n, m = len(a), len(b)
-    ranks = _midranks(a + b)
-    u = sum(ranks[:n]) - n * (n + 1) / 2
-    middle = n * m / 2
-    far = abs(u - middle) - 1e-9
-    if math.comb(n + m, n) <= EXACT_SPLITS:
-        hits = total = 0
-        for chosen in itertools.combinations(ranks, n):
-            total += 1
-            hits += abs(sum(chosen) - n * (n + 1) / 2 - middle) >= far
-        return u, hits / total
-    ties = sum(t**3 - t for t in _tie_sizes(a + b))
-    var = n * m / 12 * ((n + m + 1) - ties / ((n + m) * (n + m - 1)))
-    if var <= 0:
-        return u, 1.0
-    z = max(0.0, abs(u - middle) - 0.5) / math.sqrt(var)
-    return u, math.erfc(z / math.sqrt(2))
-
-
-def _tie_sizes(values) -> list[int]:
-    counts: dict = {}
-    for v in values:
-        counts[v] = counts.get(v, 0) + 1
-    return [c for c in counts.values() if c > 1]
-
-
 def _words(unit: str, better: str) -> tuple[str, str]:
     if unit in ("s", "ms", "µs", "us", "min", "h") and better == "lower":
         return "faster", "slower"
@@ -175,6 +157,7 @@ def compare(samples: dict, unit: str = "", better: str = "lower", what: str = ""
     ``samples``: {"name": [repeat, ...], "other": [...]}, in the order to read them.
     ``better``: "lower" (times, bytes, loss) or "higher" (throughput, accuracy).
     ``what``: the quantity, for the sentence ("step time", "test accuracy").
+    One comparison of the family: judged at its level, and counted (see the module doc).
     """
     if better not in ("lower", "higher"):
         raise ValueError(f"better must be 'lower' or 'higher', not {better!r}")
@@ -188,15 +171,21 @@ def compare(samples: dict, unit: str = "", better: str = "lower", what: str = ""
     shown = f"{fmt(ma, k)}{u} ({_range(a, k)}) against {fmt(mb, k)}{u} ({_range(b, k)})"  # a, b
     numbers = {"a": ma, "b": mb, "ratio": ma / mb if mb else math.inf}
     u_stat, chance = rank_test(a, b)
+    fam = current()
+    level = fam.level
     disjoint = max(a) < min(b) or max(b) < min(a)
     against = min(u_stat, len(a) * len(b) - u_stat)  # pairs in the other order (ties: halves)
     # the rank test's direction must be the medians' (they can disagree: a long tail on one side)
     agree = ma != mb and (ma < mb) == (u_stat < len(a) * len(b) / 2)
     c = statistics.fmean([cv(a), cv(b)])  # nan when either was run once: no spread known
     d = abs(ma - mb) / statistics.fmean([abs(ma), abs(mb)]) if (ma or mb) else 0.0
-    need = repeats_needed(c, d)
-    numbers.update(chance=chance, cv=c, rel_diff=d, repeats_needed=need)
-    if chance <= MAX_CHANCE and agree:
+    need = repeats_needed(c, d, level)
+    numbers.update(chance=chance, cv=c, rel_diff=d, repeats_needed=need, level=level)
+    separated = _within(chance, level) and agree
+    fam.add(f"{na} against {nb}{of}", chance, (len(a), len(b)), separated)
+    record = {"kind": "compare", "what": what, "names": [str(na), str(nb)], "first": None}
+    allowed = _allowed(fam)
+    if separated:
         a_wins = (ma < mb) == (better == "lower")
         win, lose = (na, nb) if a_wins else (nb, na)
         good, _ = _words(unit, better)
@@ -209,48 +198,78 @@ def compare(samples: dict, unit: str = "", better: str = "lower", what: str = ""
         )
         if disjoint:
             how = (
-                f"the ranges do not overlap (chance of that with no real difference: {chance:.2g})"
+                f"the ranges do not overlap (chance of that with no real difference: {chance:.2g}"
+                f"{allowed})"
             )
         else:
             how = (
                 f"{against:g} of the {len(a) * len(b)} pairs of repeats fall the other way (a tie "
                 "counts a half) "
                 f"(chance of a split this lopsided with no real difference: {chance:.2g}, a rank "
-                "test)"
+                f"test{allowed})"
             )
         text = (
             f"**{win}** is {good} than **{lose}**{of}: {shown}, a ratio of {fmt(hi / lo, k)}× "
             + (f"({fmt(lo_r, k)}–{fmt(hi_r, k)}); " if disjoint else "(of the medians); ")
             + f"{how}."
         )
-        return Finding(text, f"{win} better", numbers)
-    if chance <= MAX_CHANCE:  # separated by rank, but against the medians' order
-        why = (
+        record["first"] = str(win)
+        return Finding(text, f"{win} better", numbers, record)
+    why = _why_not(a, b, chance, agree, fam)
+    text = f"**{na}** and **{nb}** are indistinguishable here{of}: {shown}; {why}."
+    text += _advice(c, d, need, len(a), len(b), level)
+    return Finding(text, "indistinguishable", numbers, record)
+
+
+def _allowed(fam: Family) -> str:
+    """', at most 0.005 allowed for each of this notebook's 20 comparisons' (judged alone: '')."""
+    if fam.expected is None:
+        return ""
+    return (
+        f", at most {fam.level:.2g} allowed for each of this notebook's {fam.expected} comparisons"
+    )
+
+
+def _why_not(a: list[float], b: list[float], chance: float, agree: bool, fam: Family) -> str:
+    """Why two configurations' repeats are no verdict: the clause after the numbers."""
+    level = fam.level
+    if _within(chance, level) and not agree:  # separated by rank, against the medians' order
+        return (
             f"a rank test separates them (chance {chance:.2g}), but not in the order of their "
             "medians (equal or reversed): the two differ in shape, not simply in level"
         )
-    elif disjoint:
-        why = (
-            f"the ranges do not overlap, but with {len(a)} and {len(b)} repeats that happens "
-            f"by chance {chance:.0%} of the time"
-        )
-    else:
-        why = f"the ranges overlap (chance of a split this lopsided with no real difference: {chance:.2g})"
     more = ""
+    if fam.expected is not None:
+        more = f", more than the {level:.2g} allowed for each of this notebook's {fam.expected}"
+        more += " comparisons"
+    if max(a) < min(b) or max(b) < min(a):
+        return (
+            f"the ranges do not overlap, but with {len(a)} and {len(b)} repeats that happens "
+            f"by chance {chance:.0%} of the time{more}"
+        )
+    return (
+        "the ranges overlap (chance of a split this lopsided with no real difference: "
+        f"{chance:.2g}{more})"
+    )
+
+
+def _advice(c: float, d: float, need: int | None, n: int, m: int, level: float) -> str:
+    """What would settle an indistinguishable pair: longer runs, more repeats, or a spread."""
     if math.isfinite(c) and c >= 1:  # Lehr's rule would ask for thousands of repeats
-        more = (
+        return (
             f" The run-to-run noise is as large as the values themselves (c ≈ {_pct(c)}): "
             "longer runs (more steps, a larger batch), not more repeats, would settle it."
         )
-    elif need is not None:
-        more = (
+    if need is not None:
+        return (
             f" Telling a {_pct(d)} difference apart at this noise (c ≈ {_pct(c)}) would take about "
-            f"{need} repeats each ({LEHR_RULE})."
+            f"{need} repeats each ({lehr_rule(level)})."
         )
-    elif not math.isfinite(c):
-        more = " One run each measures no spread: repeat each configuration at least 3 times."
-    text = f"**{na}** and **{nb}** are indistinguishable here{of}: {shown}; {why}.{more}"
-    return Finding(text, "indistinguishable", numbers)
+    if not math.isfinite(c):
+        return " One run each measures no spread: repeat each configuration at least 3 times."
+    if not _within(chance_separated(n, m), level):  # no difference at all, and too few to tell
+        return f" At this level only {repeats_to_separate(level)} repeats each could separate them."
+    return ""
 
 
 def _pct(x: float) -> str:
@@ -286,18 +305,26 @@ def order(samples: dict, unit: str = "", highest_first: bool = False, what: str 
     Every configuration in a group is separated (see the module doc) from every configuration in
     every other group. A group is joined through overlaps, so two of its members can still be
     separated from each other (a wide range between them overlaps both): those pairs are listed.
-    "A < B ≈ C < D" reads as "A below B and C, both below D".
+    "A < B ≈ C < D" reads as "A below B and C, both below D". Each pair is one comparison of the
+    family: k configurations make k(k-1)/2.
     """
     if len(samples) < 2:
         raise ValueError("order() needs at least two configurations")
     data = {k: _check(k, v) for k, v in samples.items()}
     names = sorted(data, key=lambda k: statistics.median(data[k]), reverse=highest_first)
+    of = f" by {what}" if what else ""
+    fam = current()
+    apart = {}  # (x, y), x before y in ``names``: separated?
+    for i, x in enumerate(names):
+        for y in names[i + 1 :]:
+            chance, apart[x, y] = _pair(data[x], data[y], fam.level)
+            fam.add(
+                f"{x} against {y} (order{of})", chance, (len(data[x]), len(data[y])), apart[x, y]
+            )
     groups: list[list[str]] = []
     for name in names:
         tied = [
-            i
-            for i, group in enumerate(groups)
-            if any(not _separated(data[name], data[other]) for other in group)
+            i for i, group in enumerate(groups) if any(not apart[other, name] for other in group)
         ]
         if tied:  # it overlaps a member of group i: everything from i on is one group
             i = tied[0]
@@ -310,17 +337,10 @@ def order(samples: dict, unit: str = "", highest_first: bool = False, what: str 
     listing = "; ".join(
         f"{n}: {fmt(statistics.median(data[n]))}{u} ({_range(data[n])})" for n in names
     )
-    of = f" by {what}" if what else ""
-    inside = [
-        (x, y)
-        for g in groups
-        for i, x in enumerate(g)
-        for y in g[i + 1 :]
-        if _separated(data[x], data[y])
-    ]
-    apart = ""
+    inside = [(x, y) for g in groups for i, x in enumerate(g) for y in g[i + 1 :] if apart[x, y]]
+    within = ""
     if inside:
-        apart = (
+        within = (
             " Separated all the same, inside a group: "
             + "; ".join(f"{x} {'above' if highest_first else 'below'} {y}" for x, y in inside)
             + "."
@@ -328,41 +348,153 @@ def order(samples: dict, unit: str = "", highest_first: bool = False, what: str 
     if len(groups) == 1:
         text = (
             f"No complete ordering{of} is supported here: no two groups are separated, the ranges "
-            f"overlap or too few repeats lie apart ({listing}).{apart}"
+            f"overlap or too few repeats lie apart ({listing}).{within}"
         )
     else:
         text = (
             f"Ordered{of}: {chain}, where ≈ joins what a rank test does not separate, directly or through a"
-            f" neighbour ({listing}).{apart}"
+            f" neighbour ({listing}).{within}"
         )
     verdict = "ordered" if len(groups) > 1 else "indistinguishable"
-    return Finding(text, verdict, {"groups": groups, "separated_inside": inside})
+    record = {
+        "kind": "order",
+        "what": what,
+        "groups": [[str(n) for n in g] for g in groups],
+        "inside": [[str(x), str(y)] for x, y in inside],
+    }
+    return Finding(text, verdict, {"groups": groups, "separated_inside": inside}, record)
 
 
 def _separated(a: list[float], b: list[float]) -> bool:
-    """The rank test's verdict, in the direction of the medians (as compare() states it)."""
-    u_stat, chance = rank_test(a, b)
-    ma, mb = statistics.median(a), statistics.median(b)
-    return chance <= MAX_CHANCE and ma != mb and (ma < mb) == (u_stat < len(a) * len(b) / 2)
+    """The rank test's verdict at the family's level, in the direction of the medians."""
+    return _pair(a, b, current().level)[1]
 
 
-def fit(name: str, r2: float, floor: float = R2_FLOOR) -> Finding:
+def fit(
+    name: str,
+    r2: float,
+    floor: float = R2_FLOOR,
+    predicted: float | None = None,
+    measured=None,
+    unit: str = "",
+) -> Finding:
     """Whether a fit may be used to predict: its R² against ``floor`` (1 is perfect, 0 is no
-    better than the mean, below 0 worse than a constant)."""
+    better than the mean, below 0 worse than a constant), and, given a ``predicted`` value and
+    the ``measured`` repeats of the same quantity, whether the prediction lies inside their
+    range. A fit that passes the floor but predicts outside the range "misses": R² says the fit
+    follows the points it was fitted to, not that it predicts what it was built for."""
     if not math.isfinite(r2):
         raise ValueError(f"the fit {name!r} has R² = {r2}: it was not computed")
-    if r2 >= floor:
+    if (predicted is None) != (measured is None):
+        raise ValueError(
+            f"the fit {name!r}: give both predicted= and measured= (its repeats), or neither"
+        )
+    record = {"kind": "fit", "what": name}
+    if r2 < floor:
+        worse = " — worse than a constant" if r2 < 0 else ""
+        record["verdict"] = "unusable"
+        return Finding(
+            f"The fit **{name}** has R² = {r2:.3f}{worse}, below {fmt(floor)}: these points do not "
+            "follow the model, so its parameters are not measured here and nothing is predicted "
+            "from it.",
+            "unusable",
+            {"r2": r2},
+            record,
+        )
+    numbers = {"r2": r2}
+    if predicted is None:
+        record["verdict"] = "usable"
         return Finding(
             f"The fit **{name}** has R² = {r2:.3f} (≥ {floor:g}): it describes these points; "
             "predictions hold within the measured range, not beyond it.",
             "usable",
-            {"r2": r2},
+            numbers,
+            record,
         )
-    worse = " — worse than a constant" if r2 < 0 else ""
-    return Finding(
-        f"The fit **{name}** has R² = {r2:.3f}{worse}, below {fmt(floor)}: these points do not "
-        "follow the model, so its parameters are not measured here and nothing is predicted "
-        "from it.",
-        "unusable",
-        {"r2": r2},
+    values = _check(f"measured, for the fit {name}", measured)
+    if not math.isfinite(float(predicted)):
+        raise ValueError(f"the fit {name!r} predicted {predicted}: nothing to judge")
+    lo, hi = min(values), max(values)
+    u = f" {unit}" if unit else ""
+    against = f"predicts {fmt(predicted)}{u} against a measured {_range(values)}{u}"
+    against += f" ({len(values)} repeats)" if len(values) > 1 else ""
+    numbers.update(predicted=float(predicted), measured_min=lo, measured_max=hi)
+    if lo <= predicted <= hi:
+        record["verdict"] = "usable"
+        text = (
+            f"The fit **{name}** has R² = {r2:.3f} (≥ {floor:g}) and {against}, inside the "
+            "measured range: it describes these points and predicts what was measured."
+        )
+        return Finding(text, "usable", numbers, record)
+    off = (predicted - hi) / hi if predicted > hi else (predicted - lo) / lo if lo else math.inf
+    record["verdict"] = "misses"
+    text = (
+        f"The fit **{name}** has R² = {r2:.3f} (≥ {floor:g}), yet {against}: "
+        f"{'above' if predicted > hi else 'below'} every repeat (by {_pct(abs(off))} of the "
+        "nearest), so the model misses what it was fitted to predict; R² says only that it "
+        "follows its own points."
     )
+    numbers["off"] = off
+    return Finding(text, "misses", numbers, record)
+
+
+def summary() -> Finding:
+    """The notebook's family in one line: comparisons made, separations, and the separations
+    chance alone would give; then any verdict that does not stand when the family is judged over
+    the comparisons actually made, and any comparison whose repeats could not separate at all."""
+    fam = current()
+    made = fam.comparisons
+    k = len(made)
+    if not k:
+        return Finding(
+            "**Findings of this run**: no comparisons made.", "summary", {"comparisons": 0}
+        )
+    separated = [c for c in made if c.separated]
+    alone = sum(null_separation_chance(*c.n, c.level) for c in made)
+    if fam.expected is None:
+        rule = (
+            f"each judged alone at a chance of at most {fam.error:g} (no family declared: "
+            "findings.family(K) at the top)"
+        )
+    else:
+        rule = (
+            f"each judged at a chance of at most {fam.level:.2g}, {fam.error:g} over the "
+            f"{fam.expected} declared (Bonferroni: at most {fam.error:g} that even one separation "
+            "is noise alone)"
+        )
+    text = (
+        f"**Findings of this run**: {_count(k, 'comparison')}, {len(separated)} separated, {rule}; "
+        f"chance alone would give {alone:.2g} separations."
+    )
+    strict = fam.error / max(k, fam.expected or 1)  # the level the count made asks for
+    withdrawn = [c for c in separated if not _within(c.chance, strict)]
+    if k > (fam.expected or 1):  # judged more loosely than the count made allows
+        text += f" Judged as one family of {k} ({fam.error:g} over {k}: {strict:.2g} each), " + (
+            f"{len(withdrawn)} would not stand: "
+            + "; ".join(f"{c.label} (chance {c.chance:.2g})" for c in withdrawn)
+            + "."
+            if withdrawn
+            else "every separation stands."
+        )
+    unable = [c for c in made if not _within(chance_separated(*c.n), strict)]
+    if unable:
+        text += (
+            f" Too few repeats to separate at {strict:.2g} ({repeats_to_separate(strict)} "
+            "each needed): "
+            + "; ".join(f"{c.label} ({c.n[0]} against {c.n[1]})" for c in unable)
+            + "."
+        )
+    numbers = {
+        "comparisons": k,
+        "separated": len(separated),
+        "chance_alone": alone,
+        "declared": fam.expected,
+        "level": fam.level,
+        "withdrawn": [c.label for c in withdrawn],
+        "too_few_repeats": [c.label for c in unable],
+    }
+    return Finding(text, "summary", numbers, {"kind": "summary", **numbers})
+
+
+def _count(k: int, thing: str) -> str:
+    return f"{k} {thing}" + ("" if k == 1 else "s")

@@ -12,6 +12,16 @@ from scipy import stats
 from helpers.measure import findings
 
 
+@pytest.fixture(autouse=True)
+def judged_alone():
+    """Each test starts, and leaves, with no family declared (the module keeps one a process)."""
+    findings.family()
+    try:
+        yield
+    finally:
+        findings.family()
+
+
 @pytest.mark.parametrize("n,m", [(2, 2), (3, 3), (3, 4), (4, 4), (5, 3)])
 def test_the_chance_of_disjoint_ranges_is_counted_exactly(n, m):
     # with no real difference every assignment of the n + m ranks to the two configurations is
@@ -212,3 +222,141 @@ def test_lehrs_constant_follows_the_chance_the_verdicts_allow():
     z = NormalDist().inv_cdf
     assert findings.LEHR == pytest.approx(2 * (z(0.95) + z(0.8)) ** 2 * math.pi / 3)
     assert findings.LEHR_RULE.startswith("13c²/d²")
+
+
+DISJOINT_3 = {"1 rank": [0.115, 0.101, 0.115], "2 ranks": [0.192, 0.175, 0.225]}
+
+
+def test_a_declared_family_judges_each_comparison_at_its_share_of_the_error():
+    assert findings.compare(DISJOINT_3, "s").verdict == "1 rank better"  # alone: 0.1
+    findings.family(2)
+    f = findings.compare(DISJOINT_3, "s")
+    assert f.verdict == "indistinguishable" and f.numbers["level"] == pytest.approx(0.05)
+    assert "by chance 10% of the time, more than the 0.05 allowed" in f.text
+    findings.family(3)  # 4 against 4 disjoint: 2/70 = 0.029 <= 0.1/3
+    four = {"a": [1.0, 1.1, 1.2, 1.3], "b": [2.0, 2.1, 2.2, 2.3]}
+    assert findings.compare(four).verdict == "a better"
+    findings.family(4)  # 0.025: not any more
+    assert findings.compare(four).verdict == "indistinguishable"
+
+
+@pytest.mark.parametrize(
+    "k,n", [(1, 3), (2, 4), (3, 4), (4, 5), (12, 5), (13, 6), (46, 6), (47, 7), (171, 7)]
+)
+def test_the_repeats_that_can_separate_at_all_are_those_the_module_doc_states(k, n):
+    level = findings.MAX_CHANCE / k
+    assert findings.repeats_to_separate(level) == n
+    # n is the fewest: n - 1 disjoint repeats each owe more than the level to chance
+    assert findings.chance_separated(n, n) <= level < findings.chance_separated(n - 1, n - 1)
+    findings.family(k)
+    assert findings.repeats_to_separate() == n
+    assert findings.repeats_needed(0.01, 0.5) == n  # a large difference: the floor decides
+
+
+@pytest.mark.parametrize("n,m,level", [(3, 3, 0.1), (4, 5, 0.05), (5, 5, 0.01), (6, 4, 0.02)])
+def test_the_chance_of_a_separation_from_noise_alone_is_the_tests_exact_size(n, m, level):
+    # every split of n + m distinct values is equally likely with no real difference
+    values = list(range(n + m))
+    hits = total = 0
+    for a in itertools.combinations(values, n):
+        b = [v for v in values if v not in a]
+        total += 1
+        hits += findings.rank_test(a, b)[1] <= level
+    assert findings.null_separation_chance(n, m, level) == pytest.approx(hits / total)
+
+
+def test_a_declared_family_keeps_the_chance_of_any_false_separation_under_its_error():
+    # ten comparisons of identical configurations, 5 repeats each, in families of ten
+    rng = np.random.default_rng(5)
+    runs, any_separated = 300, 0
+    for _ in range(runs):
+        findings.family(10)
+        for _ in range(10):
+            findings.compare({"a": list(rng.normal(1, 0.1, 5)), "b": list(rng.normal(1, 0.1, 5))})
+        s = findings.summary()
+        any_separated += s.numbers["separated"] > 0
+    alone = 10 * findings.null_separation_chance(5, 5, 0.01)  # 10 x 2/252
+    assert s.numbers["chance_alone"] == pytest.approx(alone)
+    assert any_separated / runs < 0.1 + 0.05  # theory: 1 - (1 - 2/252)^10 = 0.077
+
+
+def test_the_summary_counts_the_comparisons_and_the_separations_noise_would_give():
+    findings.family(3)
+    findings.compare({"a": [1.0, 1.1, 1.2, 1.3], "b": [2.0, 2.1, 2.2, 2.3]}, "s", what="t")
+    findings.order({"x": [1, 1.1, 1.2], "y": [2, 2.1, 2.2]})  # one pair: 3 against 3
+    s = findings.summary()
+    assert s.verdict == "summary" and s.numbers["comparisons"] == 2
+    assert s.numbers["separated"] == 1 and s.numbers["withdrawn"] == []
+    assert s.numbers["chance_alone"] == pytest.approx(2 / 70)  # 3 vs 3 cannot at 0.033
+    assert str(s).startswith("Findings of this run: 2 comparisons, 1 separated, each judged at")
+    assert "Too few repeats to separate at 0.033 (4 each needed): x against y (order)" in str(s)
+
+
+def test_a_family_larger_than_declared_is_judged_again_and_its_weak_verdicts_withdrawn():
+    # undeclared: each alone at 0.1, as before the family; five comparisons ask for 0.02 each
+    findings.compare(DISJOINT_3, "s", what="step time")
+    five = {"a": [1.0, 1.1, 1.2, 1.3, 1.4], "b": [2.0, 2.1, 2.2, 2.3, 2.4]}
+    for _ in range(4):
+        assert findings.compare(five).verdict == "a better"  # 2/252 = 0.0079 <= 0.02
+    s = findings.summary()
+    assert s.numbers["comparisons"] == 5 and s.numbers["separated"] == 5
+    assert s.numbers["withdrawn"] == ["1 rank against 2 ranks (step time)"]
+    assert "no family declared" in str(s) and "1 would not stand" in str(s)
+    # each judged at 0.1: 3 against 3 separates by chance 2/20, 5 against 5 a little less
+    assert s.numbers["chance_alone"] == pytest.approx(
+        0.1 + 4 * findings.null_separation_chance(5, 5, 0.1)
+    )
+    findings.family(1)  # declared too few: the summary says the same
+    findings.compare(five)
+    findings.compare(DISJOINT_3, "s", what="step time")
+    assert findings.summary().numbers["withdrawn"] == ["1 rank against 2 ranks (step time)"]
+
+
+def test_lehrs_advice_follows_the_family_level():
+    findings.family(20)
+    assert findings.LEHR_RULE.startswith("28c²/d²")  # 2 (z_0.99875 + z_0.8)^2 pi/3
+    assert findings.repeats_needed(0.1, 0.1) == math.ceil(findings.lehr(0.005))
+    f = findings.compare({"a": [0.203, 0.199, 0.206], "b": [0.204, 0.203, 0.216]}, "s")
+    assert "(28c²/d², Lehr's rule for this test)" in f.text
+
+
+def test_a_family_must_be_declared_with_a_count_and_a_chance():
+    with pytest.raises(ValueError, match="at least 1 comparison"):
+        findings.family(0)
+    with pytest.raises(ValueError, match="whole number"):
+        findings.family(2.5)
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        findings.family(5, error=5)
+
+
+def test_a_fit_whose_prediction_falls_outside_the_measured_range_misses():
+    # lab 01, one build: R² 0.914 passed the floor, and predicted 47.4 ms against 48.7–66.0 ms
+    f = findings.fit("α-β, n = 2", 0.914, predicted=47.4, measured=[48.7, 55.0, 66.0], unit="ms")
+    assert f.verdict == "misses" and f.numbers["off"] == pytest.approx(47.4 / 48.7 - 1)
+    assert "predicts 47.4 ms against a measured 48.7–66.0 ms (3 repeats)" in str(f)
+    assert "below every repeat" in str(f)
+    inside = findings.fit("α-β, n = 2", 0.914, predicted=50.0, measured=[48.7, 55.0, 66.0])
+    assert inside.verdict == "usable" and "inside the measured range" in str(inside)
+    low = findings.fit("α-β, n = 2", 0.5, predicted=50.0, measured=[48.7, 55.0, 66.0])
+    assert low.verdict == "unusable"  # below the floor: nothing predicted, in range or not
+    with pytest.raises(ValueError, match="both predicted= and measured="):
+        findings.fit("x", 0.95, predicted=1.0)
+
+
+def test_a_displayed_finding_carries_its_verdict_for_course_compare():
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shown, _ = InteractiveShell.instance().display_formatter.format(
+        findings.compare(DISJOINT_3, "s")
+    )
+    assert shown["text/markdown"].startswith("**1 rank** is faster than **2 ranks**")
+    assert shown[findings.MIME] == {
+        "kind": "compare",
+        "what": "",
+        "names": ["1 rank", "2 ranks"],
+        "first": "1 rank",
+    }
+    ordered, _ = InteractiveShell.instance().display_formatter.format(
+        findings.order({"x": [1, 1.1, 1.2], "y": [2, 2.1, 2.2]})
+    )
+    assert ordered[findings.MIME]["groups"] == [["x"], ["y"]]
