@@ -66,3 +66,33 @@ def assert_holds_its_committed_outputs(entries: list[Entry], out: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
     assert f"{len(entries)} notebooks checked against {out}, 0 failed" in proc.stdout
+
+
+def assert_makes_its_book(entries: list[Entry], out: Path) -> None:
+    """`course site` on this run's folder: a page for each notebook of the half, from the copies
+    already executed (the site executes nothing); the other half's pages say they did not run."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "course", "site", "--build", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for entry in entries:
+        page = out / "site" / f"{entry.kind}s" / f"{entry.path.stem}.html"
+        assert page.exists(), f"no page for {entry.path.name} in {out / 'site'}"
+        assert "This notebook failed in this run" not in page.read_text()
+
+
+def assert_no_verdict_reversed(entries: list[Entry], out: Path) -> None:
+    """`course compare`: no findings verdict of this run reverses the recorded one (a weakening,
+    separated in one and not the other, is listed, not failed)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "course", "compare", str(out), str(REPO)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]

@@ -39,6 +39,14 @@ def test_the_lectures_hold_their_committed_outputs(build):
     syllabus_run.assert_holds_its_committed_outputs(LECTURES, out)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(2700)  # run alone, the lectures' run happens inside this test
+def test_the_lectures_make_their_book_and_reverse_no_verdict(build):
+    out, _ = build
+    syllabus_run.assert_makes_its_book(LECTURES, out)
+    syllabus_run.assert_no_verdict_reversed(LECTURES, out)
+
+
 def test_without_notebooks_course_run_takes_the_whole_syllabus_in_its_order():
     from course.run import select
 

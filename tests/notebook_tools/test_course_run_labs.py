@@ -35,6 +35,14 @@ def test_the_labs_hold_their_committed_outputs(build):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2700)  # run alone, the labs' run happens inside this test
+def test_the_labs_make_their_book_and_reverse_no_verdict(build):
+    out, _ = build
+    syllabus_run.assert_makes_its_book(LABS, out)
+    syllabus_run.assert_no_verdict_reversed(LABS, out)
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(2700)
 def test_a_changed_number_in_a_checked_output_of_the_run_fails_the_check_naming_its_cell(build):
     """The check above can fail: one digit of a checked output edited in a real executed copy."""
