@@ -1,7 +1,7 @@
 """Typed numbers against the run: a number measured on this machine is printed, never typed.
 
 A timing typed into a Markdown cell was true of one run; the next run moves the outputs and the
-sentence stays, so the notebook ends up contradicting itself. The rule (README, "Writing a
+sentence stays, so the notebook ends up contradicting itself. The rule (docs/writing-notebooks.md, "Writing a
 notebook"): a number with a unit of measurement in Markdown (a time, a rate, a size, a
 percentage, a ratio ×) must be one of
 

@@ -1,4 +1,4 @@
-"""The house's rules (README, "How the code is laid out"): imports run down the layers, never up,
+"""The house's rules (docs/architecture.md): imports run down the layers, never up,
 with no cycle, and a module over about 500 lines says why in its docstring."""
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ CHECK = "# --- check ---"
 CONVENTION = (
     f"split it with a line '{CHECK}': above it the probe, which calls the student's code and "
     "assigns plain values (numbers, strings, lists, dicts, tensors); below it the check, which "
-    "asserts on those names only (README, 'Writing graded tests')"
+    "asserts on those names only (docs/writing-tests.md, 'Writing graded tests')"
 )
 
 
@@ -327,7 +327,7 @@ def check_hidden_draws(probe: str, place: str) -> None:
     """The hidden part of a probe draws its inputs from the run's seed (it names SEED in code),
     or says in a comment line ``# hidden inputs fixed: <why>`` why its inputs cannot be drawn.
     Hidden inputs reach the student's code, so fixed ones can be printed into one run's
-    feedback and answered as a table in the next (README, 'Hidden cases drawn anew every run')."""
+    feedback and answered as a table in the next (docs/writing-tests.md, 'Hidden cases drawn anew every run')."""
     hidden = "\n".join(code for code, is_hidden in segments(probe) if is_hidden)
     if not hidden.strip() or _mentions_seed(hidden):
         return
@@ -340,7 +340,7 @@ def check_hidden_draws(probe: str, place: str) -> None:
         return
     todo = (
         f"draw them from the run's seed, random.Random(int(os.environ.get('{SEED}', '0'))), "
-        "in the probe and again in the check (README, 'Hidden cases drawn anew every run'), "
+        "in the probe and again in the check (docs/writing-tests.md, 'Hidden cases drawn anew every run'), "
         "so that a table of one run's inputs fails the next; where they cannot be drawn (a run "
         f"on ranks), say why in the hidden part, in a comment line '{FIXED} <why>'"
     )

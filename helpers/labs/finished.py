@@ -12,7 +12,7 @@ duration of the call ``sys.setprofile``, ``sys.settrace`` and ``threading.setpro
 replaced by functions that only note the attempt, and the hook itself notes a call of the real
 ones (a reference saved before the call): either counts as a finished call. Threads started
 with ``threading`` during the call get the hook too. What still passes is a copy of the
-course's code under a new code object: a person reads the answers (README, "Threat model").
+course's code under a new code object: a person reads the answers (docs/threat-model.md).
 """
 
 from __future__ import annotations

@@ -473,7 +473,7 @@ ANSWERS = {  # answers that do no work, written in the answer cells
 }
 # Planted answers do not help either: the grader drops the probe's names before it runs. (An
 # attack aimed at that step could keep them; that is hard-coding the visible tests' answers, as
-# `def square(x): return 4` would, and only hidden tests defend against it: README.)
+# `def square(x): return 4` would, and only hidden tests defend against it: docs/writing-tests.md.)
 
 
 def with_forgery(student, forgery, answers=None):
