@@ -44,6 +44,14 @@ missing=()
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
 command -v setfacl >/dev/null 2>&1 || missing+=(acl)
+# Debian's slurm-wlm and munge for scripts/cluster.sh (course/cluster/): a two-node Slurm cluster
+# on this machine, on which tests/cluster runs the Slurm scripts. Only as root, and only when the
+# cluster is asked for (scripts/cluster.sh, COURSE_CLUSTER_TESTS=1): the default suite does not
+# run it, and a student's machine needs neither.
+if [ "$(id -u)" -eq 0 ] && [ -n "${COURSE_CLUSTER_TESTS:-}${COURSE_SETUP_CLUSTER:-}" ]; then
+    command -v slurmd >/dev/null 2>&1 || [ -x /usr/sbin/slurmd ] || missing+=(slurm-wlm)
+    command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ] || missing+=(munge)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
     echo "setup: installing Debian's ${missing[*]}"
     SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

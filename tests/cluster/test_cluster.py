@@ -1,0 +1,221 @@
+"""A two-node Slurm cluster on this machine (course/cluster/, scripts/cluster.sh): the README's
+Slurm scripts (scripts/slurm/) run under it as written.
+
+Needs root and Debian's slurm-wlm and munge (scripts/setup.sh installs them). Runs only where
+COURSE_CLUSTER_TESTS=1 (it makes network namespaces and machine-wide cgroups, and the nodes'
+cpusets pin its jobs to one core each): `COURSE_CLUSTER_TESTS=1 scripts/test.sh tests/cluster`.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import course.cluster as cluster
+from course.cluster import cgroups, layout, netns, slurm
+
+REPO = Path(__file__).resolve().parents[2]
+VENV = {"VENV": str(REPO / ".venv")}  # the scripts run the course's venv; the jobs run elsewhere
+
+pytestmark = [
+    pytest.mark.skipif(
+        os.environ.get("COURSE_CLUSTER_TESTS") != "1",
+        reason="the cluster's tests run with COURSE_CLUSTER_TESTS=1 (README: tests/cluster)",
+    ),
+    pytest.mark.skipif(os.geteuid() != 0, reason="the cluster needs root"),
+    pytest.mark.skipif(
+        shutil.which("slurmd") is None and not Path("/usr/sbin/slurmd").exists(),
+        reason="slurm-wlm is not installed: run scripts/setup.sh as root",
+    ),
+]
+
+
+def leftovers(state: Path, made: list[layout.Node]) -> list[str]:
+    """What of a cluster still exists: namespaces, cgroup folders, its state folder."""
+    found = [n.netns for n in made if netns.exists(n)]
+    found += [str(cgroups.folder(c)) for c in cgroups.CONTROLLERS if cgroups.folder(c).exists()]
+    return found + ([str(state)] if state.exists() else [])
+
+
+def test_a_failed_up_leaves_nothing_behind(tmp_path):
+    """`up` that fails after every daemon started (here: the nodes are given no time to come
+    idle) tears down all it made: no process, namespace, cgroup or file is left."""
+    state = tmp_path / "state"
+    with pytest.raises(RuntimeError, match="not idle after 0 s"):
+        cluster.up(state, timeout=0)
+    assert leftovers(state, layout.nodes()) == []
+
+
+def test_missing_munge_or_slurm_says_how_to_install_them(tmp_path):
+    (tmp_path / "slurmd").touch(mode=0o755)  # a PATH with Slurm's daemon but no munge
+    with pytest.raises(RuntimeError, match="not installed: munged, mungekey, slurmctld.*setup.sh"):
+        slurm.check_installed(path=str(tmp_path))
+
+
+@pytest.fixture(scope="module")
+def state(tmp_path_factory):
+    state = tmp_path_factory.mktemp("cluster") / "state"
+    try:
+        cluster.up(state)
+        yield state
+    finally:
+        made = cluster.saved_nodes(state)
+        cluster.down(state)
+        assert leftovers(state, made) == []
+
+
+def sbatch(state, *args, cwd, env=VENV) -> str:
+    """Submit on the head node; the job id (``--parsable``)."""
+    proc = cluster.run(["sbatch", "--parsable", *map(str, args)], state=state, cwd=cwd, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().split(";")[0]
+
+
+def test_each_node_has_its_own_name_address_and_cores(state):
+    probe = "echo $(hostname) $(getent hosts node1 | cut -d' ' -f1) $(taskset -cp $$ | cut -d: -f2)"
+    proc = cluster.run(["srun", "-N2", "-n2", "-l", "bash", "-c", probe], state=state)
+    assert proc.returncode == 0, proc.stderr
+    made = cluster.saved_nodes(state)
+    got = sorted(line.split(": ", 1)[1].split() for line in proc.stdout.splitlines())
+    want = [[n.name, made[0].address, ",".join(map(str, n.cpus))] for n in made]
+    assert got == want
+    # the addresses exist only inside the cluster's namespaces, never on the host
+    host = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True).stdout
+    assert layout.SUBNET not in host
+
+
+def test_the_torchrun_job_trains_lab01_to_the_weights_of_launch(state, tmp_path):
+    import helpers
+    from helpers.tools import multinode
+
+    job = sbatch(
+        state,
+        "--gpus-per-node=0",
+        "--cpus-per-task=1",
+        f"--output={tmp_path}/%j.out",
+        REPO / "scripts/slurm/torchrun.sbatch",
+        "helpers.multinode:train_digits",
+        cwd=tmp_path,
+        env={**VENV, "LOGLEVEL": "INFO"},  # torchrun's agents then log their rendezvous
+    )
+    (task,) = cluster.wait(job, state)
+    log = (tmp_path / f"{job}.out").read_text()
+    assert task["JobState"] == "COMPLETED", log[-3000:]
+    assert task["NodeList"] == "node[1-2]"
+    from_slurm = pickle.loads((tmp_path / f"results-{job}.pkl").read_bytes())
+    here = helpers.launch(multinode.train_digits, world_size=2, output="none")
+    helpers.shutdown()
+    assert [r["node"] for r in from_slurm] == [0, 1]  # one rank on each node
+    same = ("rank", "world", "test accuracy", "weights sum", "weights sha1")
+    assert [{k: r[k] for k in same} for r in from_slurm] == [{k: r[k] for k in same} for r in here]
+    # the agents met on the head node, and its name is the workers' master address
+    assert "rdzv_endpoint            : node1:29400" in log and "master_addr=node1" in log
+
+
+def test_an_elastic_restart_after_a_nodes_worker_dies(state, tmp_path):
+    """Rank 1 (on node2) crashes on its first attempt; its agent restarts the group, which
+    then finishes with both nodes."""
+    job = sbatch(
+        state,
+        "--gpus-per-node=0",
+        "--cpus-per-task=1",
+        f"--output={tmp_path}/%j.out",
+        REPO / "scripts/slurm/torchrun.sbatch",
+        "helpers.multinode:whoami",
+        "1",
+        cwd=tmp_path,
+        env={**VENV, "RESTARTS": "1"},
+    )
+    (task,) = cluster.wait(job, state)
+    log = (tmp_path / f"{job}.out").read_text()
+    assert task["JobState"] == "COMPLETED", log[-3000:]
+    ranks = pickle.loads((tmp_path / f"results-{job}.pkl").read_bytes())
+    assert [(r["rank"], r["node"], r["sum of ranks"]) for r in ranks] == [(0, 0, 1.0), (1, 1, 1.0)]
+    assert ranks[1]["restarts"] == 1  # node2's agent restarted its worker once
+
+
+def test_the_grading_array_merges_into_the_gradebook_of_one_run(state, tmp_path):
+    from grading_fixtures import plain_submissions, release, write
+
+    src, student = release(tmp_path)
+    subs = write(tmp_path / "subs", plain_submissions(student))
+    array = sbatch(
+        state,
+        "--array=1-2",
+        "--cpus-per-task=1",
+        "--mem=1G",
+        f"--output={tmp_path}/%A_%a.out",
+        REPO / "scripts/slurm/grade-array.sbatch",
+        src,
+        subs,
+        tmp_path / "grades/ps1",
+        cwd=tmp_path,
+    )
+    course = [sys.executable, "-m", "course"]
+    whole = subprocess.run(
+        [*course, "grade", src, subs, "--out", tmp_path / "whole", "-j", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert whole.returncode == 0, whole.stderr
+    tasks = cluster.wait(array, state)
+    assert sorted(t["NodeList"] for t in tasks) == ["node1", "node2"]  # a slice per node
+    logs = "".join(p.read_text() for p in tmp_path.glob("*.out"))
+    assert [t["JobState"] for t in tasks] == ["COMPLETED"] * 2, logs[-3000:]
+    slices = [tmp_path / f"grades/ps1-{k}" for k in (1, 2)]
+    merged = subprocess.run(
+        [*course, "grade-merge", src, tmp_path / "merged", *slices],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert merged.returncode == 0, merged.stderr
+
+    def gradebook(out):
+        return sorted(
+            map(dict, csv.DictReader((out / "gradebook.csv").open())), key=lambda r: r["student"]
+        )
+
+    assert gradebook(tmp_path / "merged") == gradebook(tmp_path / "whole")
+    assert len(gradebook(tmp_path / "whole")) == len(plain_submissions(student))
+    assert "UNSAFE" not in logs  # each slice ran isolated, as root on its node
+
+
+def test_a_job_asking_more_cores_than_a_node_has_is_refused_at_once(state, tmp_path):
+    cores = max(len(n.cpus) for n in cluster.saved_nodes(state))
+    proc = cluster.run(
+        ["sbatch", f"--cpus-per-task={cores + 1}", "--wrap", "true"], state=state, cwd=tmp_path
+    )
+    assert proc.returncode != 0
+    assert "Requested node configuration is not available" in proc.stderr
+
+
+def test_up_refuses_while_a_cluster_is_up(state):
+    with pytest.raises(RuntimeError, match="a cluster is up already"):
+        cluster.up(state)
+
+
+def test_zz_a_job_needing_a_node_whose_slurmd_died_fails_with_a_clear_error(state, tmp_path):
+    """Last in the file: it leaves node2 down (the fixture's ``down`` removes it all)."""
+    import time
+
+    pid = int((state / "node2" / "slurmd.pid").read_text())
+    os.kill(pid, 9)  # the node's daemon dies as on a crashed node
+    deadline = time.monotonic() + 60  # Slurm marks it DOWN within SlurmdTimeout (10 s) + a ping
+    while "node2" not in cluster._down_nodes(state) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    job = sbatch(state, "-N2", "--wrap", "true", cwd=tmp_path)
+    with pytest.raises(RuntimeError, match="node node2 is down or drained"):
+        cluster.wait(job, state, timeout=60)
+    (task,) = slurm.job_fields(
+        cluster.run(["scontrol", "show", "job", "-o", job], state=state).stdout
+    )
+    assert task["JobState"] == "CANCELLED"
