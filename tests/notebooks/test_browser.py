@@ -7,7 +7,9 @@ settings and workspaces, copies of the notebooks so nothing committed is touched
   2. lab 01 (student version): an unfinished exercise shows its NotImplementedError, the kernel
      lives on;
   3. the stop button during a launch whose ranks are blocked in a collective: KeyboardInterrupt
-     within 5 s, no rank left, and the next launch works.
+     within 5 s, no rank left, and the next launch works;
+  4. a live world (%%ranks): variables kept from cell to cell, the stop button during a cell
+     whose ranks wait in a collective, and the world working again after it.
 Screenshots of each step go to build/screenshots/.
 """
 
@@ -209,6 +211,9 @@ def test_lecture_01_in_the_browser(server, browser):
     text = notebook_text(page)
     assert "[rank 3] global rank 3 of world size 4, local rank 3" in text
     assert "ring result equals dist.all_reduce on every rank" in text
+    # the live world's cells (%%ranks): each rank's result side by side, and a world's marks
+    assert "tensor([60.])   tensor([64.])   tensor([68.])   tensor([72.])" in text  # reduce_scatter
+    assert "world of 4 stopped" in text
     assert page.locator(".jp-OutputArea-output img").count() >= 9  # collectives, busbw, ring strip
     page.locator(".jp-OutputArea-output img").first.scroll_into_view_if_needed()
     page.screenshot(path=str(SHOTS / "1-lecture01-collective-figures.png"))
@@ -306,4 +311,40 @@ def test_stop_button_interrupts_ranks_blocked_in_a_collective(server, browser):
     wait_last_cell(page)
     assert "[0, 1, 2]" in last_output(page)
     page.screenshot(path=str(SHOTS / "7-next-launch-works.png"))
+    page.close()
+
+
+def test_a_live_world_in_the_browser(server, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    open_notebook(page, server, "01_collectives.ipynb")
+    add_cell_and_run(page, "%load_ext helpers.interactive\n%ranks start 3")
+    wait_last_cell(page)
+    assert "world: 3 ranks" in last_output(page)
+    add_cell_and_run(page, "%%ranks\nx = torch.tensor([10.0 * rank])\nx")
+    wait_last_cell(page)
+    add_cell_and_run(page, "%%ranks\ndist.all_reduce(x)\nx")  # x from the cell before
+    wait_last_cell(page)
+    assert last_output(page).count("tensor([30.])") == 3, last_output(page)
+    page.screenshot(path=str(SHOTS / "8-live-world-all-reduce.png"))
+    add_cell_and_run(
+        page, "%%ranks\nimport time\nif rank == 0:\n    time.sleep(600)\ndist.barrier()"
+    )
+    time.sleep(3.0)  # ranks 1 and 2 wait in the barrier for rank 0
+    start = time.monotonic()
+    page.locator("[data-command='notebook:interrupt-kernel']").first.click()
+    page.wait_for_function(
+        "() => { const nb = window.jupyterapp.shell.currentWidget.content;"
+        " return (nb.widgets[nb.widgets.length-1].node.innerText || '').includes('KeyboardInterrupt'); }",
+        timeout=30_000,
+    )
+    elapsed = time.monotonic() - start
+    page.screenshot(path=str(SHOTS / "9-live-world-stop-button.png"))
+    assert elapsed < 15, f"the stop button took {elapsed:.1f} s"
+    wait_last_cell(page)
+    add_cell_and_run(page, "%%ranks\nrank * 2")  # the world answers again (restarted if need be)
+    wait_last_cell(page)
+    out = last_output(page)
+    assert "rank 2" in out and "4" in out, out
+    add_cell_and_run(page, "%ranks stop")
+    wait_last_cell(page)
     page.close()
