@@ -23,7 +23,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from grading_fixtures import answer, release
+from grading_fixtures import answer, user_exists
 
 from course.exchange import ExchangeError, collect, handout, hub_users, return_feedback
 from course.grading.submission import MAX_SUBMISSION, NOT_COLLECTED
@@ -56,26 +56,7 @@ def accounts():
     finally:
         for name in made:
             subprocess.run(["userdel", "-r", name], capture_output=True)
-        assert not [n for n in made if _exists_user(n)], "a test user outlived the tests"
-
-
-def _exists_user(name: str) -> bool:
-    try:
-        pwd.getpwnam(name)
-        return True
-    except KeyError:
-        return False
-
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    """(the tiny lab's solution, its released version labs/ps1.ipynb, the student notebook)."""
-    root = tmp_path_factory.mktemp("exchange-lab")
-    src, student = release(root)
-    released = root / "labs" / "ps1.ipynb"
-    released.parent.mkdir()
-    nbformat.write(student, released)
-    return src, released, student
+        assert not [n for n in made if user_exists(n)], "a test user outlived the tests"
 
 
 def course(pw, *names) -> Path:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from grading_fixtures import answer, release
+from grading_fixtures import answer, user_exists
 from test_exchange import course, plant
 
 from course.exchange import ExchangeError, collect, handout, return_feedback
@@ -56,27 +56,8 @@ def users():
         for name in made:
             subprocess.run(["pkill", "-KILL", "-u", name], capture_output=True)
             subprocess.run(["userdel", "-r", name], capture_output=True)
-        left = [n for n in made if _known(n)]
+        left = [n for n in made if user_exists(n)]
         assert not left, f"test users outlived the tests: {left}"
-
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    """(the tiny lab's solution, its released version labs/ps1.ipynb, the student notebook)."""
-    root = tmp_path_factory.mktemp("redteam-lab")
-    src, student = release(root)
-    released = root / "labs" / "ps1.ipynb"
-    released.parent.mkdir()
-    nbformat.write(student, released)
-    return src, released, student
-
-
-def _known(name: str) -> bool:
-    try:
-        pwd.getpwnam(name)
-        return True
-    except KeyError:
-        return False
 
 
 @contextlib.contextmanager
