@@ -228,6 +228,9 @@ def hide_from_students(repo: Path, group: str) -> list[Path]:
     Not undone by `hub.sh stop`: the students' accounts outlive the hub."""
     gid = ensure_group(group)
     hidden = []
+    # build/ is made here if missing: the course run, the grades and the screenshots that go in
+    # it later inherit nothing from a folder that does not exist yet, and would be readable
+    (repo / "build").mkdir(mode=0o750, exist_ok=True)
     for name in INSTRUCTOR_ONLY:
         path = repo / name
         if not path.exists():

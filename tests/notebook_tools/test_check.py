@@ -162,3 +162,41 @@ def test_record_normalises_counts_paths_and_papermill_traces():
     out = normalise(nb)
     assert [c.execution_count for c in out.cells] == [1, 2] and "papermill" not in out.metadata
     assert out.cells[0].outputs[0]["text"] == "helpers/a.py\n"
+
+
+def _sanitized(text: str) -> str:
+    import re
+
+    from nbval.plugin import get_sanitize_patterns
+
+    from course.check import SANITIZE
+
+    for regex, replace in get_sanitize_patterns(SANITIZE.read_text()):
+        text = re.sub(regex, replace, text)
+    return text
+
+
+def test_every_sanitizer_rule_is_one_nbval_reads():
+    """nbval reads a rule only as `regex: ...` then `replace: ...` with its space: a rule it
+    skips is silently no rule (the oversubscribed notice's was, for days)."""
+    from nbval.plugin import get_sanitize_patterns
+
+    from course.check import SANITIZE
+
+    text = SANITIZE.read_text()
+    sections = [line for line in text.splitlines() if line.startswith("[")]
+    assert len(get_sanitize_patterns(text)) == len(sections)
+
+
+def test_the_oversubscribed_notice_is_the_machines_not_the_notebooks():
+    recorded = (
+        "helpers.launch: 4 ranks × 1 thread on 2 cores is OVERSUBSCRIBED: ranks take turns on "
+        "the cores, so its timings are not scaling (they are marked oversubscribed).\n[rank 0] x\n"
+    )
+    under_a_quota = (
+        "helpers.launch: 4 ranks × 1 thread on 1 device is OVERSUBSCRIBED: ranks take turns on "
+        "the cores, so its timings are not scaling (they are marked oversubscribed). Devices "
+        "here: 1 device: a CPU quota of 1 CPU (cgroup v1, /sys/fs/cgroup/cpu/x).\n[rank 0] x\n"
+    )
+    assert _sanitized(recorded) == _sanitized(under_a_quota) == "[rank 0] x\n"
+    assert _sanitized("[rank 0] x\n[rank 1] y\n") == "[rank 0] x\n[rank 1] y\n"

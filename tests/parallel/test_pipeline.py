@@ -68,10 +68,11 @@ def test_the_measured_bubble_matches_theory_on_stages_of_known_cost(p):
     # Sleeping stages cost no core, so p=4 on 2 cores measures the schedule, not contention.
     # 60 ms forward, 120 ms backward: compute dominates the ~1 ms a send/recv hop costs, and
     # the goal (within 15 % of theory) holds with 0.01 more for that latency.
-    # A descheduled rank only adds idle time; on a loaded machine (the suite's other worker, a
-    # grader beside it) one run can overshoot by that alone (CI-like load: 0.262 against 0.2 at
-    # 1F1B, p = 2, m = 4). A run outside the goal is measured twice more and the median of the
-    # three must meet it: a schedule whose bubble is wrong misses it every time.
+    # A descheduled rank only adds idle time, never removes it: on a loaded machine (the suite's
+    # other workers, a hub's students beside them) runs overshoot by that alone, all of them
+    # while the load lasts (CI-like load: 0.262 against 0.2 at 1F1B, p = 2, m = 4; 0.153 three
+    # times against 0.111 at GPipe, p = 2, m = 8). So the least disturbed of up to five runs is
+    # held to the goal: a schedule whose bubble is wrong (naive: (p-1)/p) misses it every time.
     def measure(kind, m):
         runs = helpers.launch(_timed_run, kind, m, 0.06, 0.12, world_size=p, output="none")
         return pp.bubble(pp.gather_events(runs))
@@ -80,10 +81,10 @@ def test_the_measured_bubble_matches_theory_on_stages_of_known_cost(p):
         for m in (1, 4, 8):
             theory = pp.bubble_fraction(p, m)
             measured = [measure(kind, m)]
-            if abs(measured[0] - theory) > 0.15 * theory + 0.01:
-                measured += [measure(kind, m), measure(kind, m)]
-            median = sorted(measured)[len(measured) // 2]
-            assert abs(median - theory) <= 0.15 * theory + 0.01, (kind, p, m, measured, theory)
+            while abs(min(measured) - theory) > 0.15 * theory + 0.01 and len(measured) < 5:
+                measured.append(measure(kind, m))
+            least = min(measured)
+            assert abs(least - theory) <= 0.15 * theory + 0.01, (kind, p, m, measured, theory)
 
 
 def _train_step(kind, p, m, seed=0):
