@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import nbformat
+import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from course.kernel import KERNELSPEC
@@ -213,3 +214,15 @@ def user_exists(name: str) -> bool:
         return True
     except KeyError:
         return False
+
+
+@pytest.fixture(scope="module", name="lab")
+def exchange_lab(tmp_path_factory):
+    """(the tiny lab's solution, its released version labs/ps1.ipynb, the student notebook), for
+    the exchange tests: `from grading_fixtures import exchange_lab` gives them the fixture "lab"."""
+    root = tmp_path_factory.mktemp("exchange-lab")
+    src, student = release(root)
+    released = root / "labs" / "ps1.ipynb"
+    released.parent.mkdir()
+    nbformat.write(student, released)
+    return src, released, student

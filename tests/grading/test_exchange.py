@@ -23,7 +23,11 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from grading_fixtures import answer, user_exists
+from grading_fixtures import (
+    answer,
+    exchange_lab,  # noqa: F401  (the fixture "lab")
+    user_exists,
+)
 
 from course.exchange import ExchangeError, collect, handout, hub_users, return_feedback
 from course.grading.submission import MAX_SUBMISSION, NOT_COLLECTED

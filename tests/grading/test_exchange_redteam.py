@@ -21,7 +21,11 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from grading_fixtures import answer, user_exists
+from grading_fixtures import (
+    answer,
+    exchange_lab,  # noqa: F401  (the fixture "lab")
+    user_exists,
+)
 from test_exchange import course, plant
 
 from course.exchange import ExchangeError, collect, handout, return_feedback
