@@ -21,9 +21,6 @@
   the same answers under launch, under torchrun, and in a plain process.
 """
 
-import importlib as _importlib
-import sys as _sys
-
 from helpers import plots
 from helpers.launcher import world
 from helpers.launcher.errors import LaunchError, LaunchTimeout, RankDied, RankError
@@ -32,6 +29,7 @@ from helpers.launcher.world import device, is_main, local_rank, print0, rank, wo
 from helpers.measure import (
     bandwidth,
     bench,
+    comm,
     costmodel,
     findings,
     memory,
@@ -65,50 +63,13 @@ from helpers.workloads import data, models
 
 world.fit_threads_to_devices()  # torch counts the node's cores, not a hub server's CPU quota
 
-# Every module kept its name one level up: ``helpers.pipeline``, ``from helpers.world import
-# rank``, and pickles that name the old path all still resolve.
-# Kept for one release (the course's notebooks already use the names above); new code imports
-# from the subsystem.
-MOVED = {
-    "launcher": (
-        "launch",
-        "_worker",
-        "_rankserver",
-        "_pickling",
-        "errors",
-        "diagnose",
-        "watch",
-        "world",
-    ),
-    "workloads": ("data", "models"),
-    "measure": (
-        "timing",
-        "comm",
-        "tracing",
-        "bandwidth",
-        "bench",
-        "probe",
-        "costmodel",
-        "scaling",
-        "memory",
-        "findings",
-        "zoo",
-    ),
-    "parallel": ("ring", "dataparallel", "sharding", "pipeline", "tensor_parallel", "large_batch"),
-    "tools": ("multinode", "profiling"),
-}
-for _package, _names in MOVED.items():
-    for _name in _names:
-        _module = _importlib.import_module(f"{__name__}.{_package}.{_name}")
-        _sys.modules.setdefault(f"{__name__}.{_name}", _module)
-        globals().setdefault(_name, _module)  # helpers.comm, ...; helpers.launch stays the function
-
 __all__ = [
     "CommRecorder",
     "StepTimer",
     "bandwidth",
     "bench",
     "benchmark_collectives",
+    "comm",
     "context",
     "costmodel",
     "data",

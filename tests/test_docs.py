@@ -118,16 +118,43 @@ def test_the_layer_table_is_test_layouts():
     assert layers_in_table(ARCHITECTURE.read_text(encoding="utf-8")) == layers_in_test_layout()
 
 
-def test_the_moved_aliases_are_described_only_while_they_exist():
-    """docs/architecture.md says the old flat names still resolve (``MOVED``) only while
-    helpers/__init__.py keeps them."""
-    described = "`MOVED`" in ARCHITECTURE.read_text(encoding="utf-8")
-    kept = re.search(r"^MOVED\b", (REPO / "helpers" / "__init__.py").read_text(), re.M)
-    assert described == bool(kept), (
-        "helpers/__init__.py no longer has MOVED: drop its paragraph from docs/architecture.md"
-        if described
-        else "helpers/__init__.py has MOVED aliases: say so in docs/architecture.md"
-    )
+HELPERS_IMPORT = re.compile(r"^\s*(?:from|import) (helpers(?:\.\w+)+)", re.MULTILINE)
+
+
+def helpers_imports() -> dict[str, set[str]]:
+    """Every ``from helpers.x.y import`` / ``import helpers.x.y`` module path in the course's
+    notebooks, code and docs, with the files that write it."""
+    import json
+
+    found: dict[str, set[str]] = {}
+    files = [*REPO.glob("*/*.ipynb"), *REPO.glob("[hct]*/**/*.py"), *REPO.glob("benchmarks/*.py")]
+    files += [*DOCS.glob("*.md"), README]
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".ipynb":
+            cells = json.loads(text)["cells"]
+            text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+        for name in HELPERS_IMPORT.findall(text):
+            found.setdefault(name, set()).add(str(path.relative_to(REPO)))
+    return found
+
+
+def test_every_helpers_import_names_a_real_module():
+    """No notebook, test or page imports a module path that does not exist: the flat aliases
+    (``from helpers.memory import``) are gone, and ``helpers.memory`` is only an attribute."""
+    import importlib.util
+
+    imports = helpers_imports()
+    assert "helpers.launcher.world" in imports  # the scan reads what it should
+    missing = {}
+    for name, where in imports.items():
+        try:
+            spec = importlib.util.find_spec(name)
+        except ModuleNotFoundError:
+            spec = None
+        if spec is None:
+            missing[name] = sorted(where)
+    assert not missing, f"import the module's real path (helpers.<subsystem>.<module>): {missing}"
 
 
 def test_the_helpers_page_names_files_that_exist():

@@ -143,8 +143,8 @@ def _calls(tree) -> list[str]:
 
 
 def _imports(cell) -> set[str]:
-    """The names a code cell binds to modules by ``import`` (``import helpers.comm`` binds
-    helpers; ``from helpers import comm`` binds comm)."""
+    """The names a code cell binds to modules by ``import`` (``import helpers.measure.comm``
+    binds helpers; ``from helpers import comm`` binds comm)."""
     if cell.cell_type != "code":
         return set()
     try:

@@ -4,7 +4,7 @@ A question that asks a student to *write* something the course has finished (lab
 schedules and engine, lab 07's merge and ring...) is not answered by calling the course's
 version. ``finished_calls`` runs the answer under a call hook (``sys.setprofile``) that notes
 every call of those functions, matched by code object, so an alias (``gpipe_order = pp.gpipe``)
-or an early ``from helpers.comm import gradient_bytes`` is seen as well as a direct call. The
+or an early ``from helpers.measure.comm import gradient_bytes`` is seen as well as a direct call. The
 check then asserts that the list is empty.
 
 The hook runs in the student's kernel (or rank), so an answer can try to switch it off. For the

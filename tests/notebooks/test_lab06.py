@@ -57,7 +57,7 @@ WRONG = {
             "import helpers\n"
             + gradient_bytes("helpers.comm.gradient_bytes(model)"),  # the course's
             # the course's, imported before the test (it unbound only helpers.comm's name)
-            "from helpers.comm import gradient_bytes",
+            "from helpers.measure.comm import gradient_bytes",
         ],
     ),
     "comm_share": (
