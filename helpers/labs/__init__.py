@@ -25,3 +25,22 @@ def one_core():
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+SEED_ENV = "COURSE_HIDDEN_SEED"  # course.grading.seeds.ENV (helpers cannot import course)
+
+
+def hidden_seed() -> int:
+    """The run's hidden seed (course/grading/seeds.py): set by the grader anew for every
+    submission, read alike by a test's probe in the student's kernel and by its check in the
+    grader's own process; unset (JupyterLab, ``course check``) it is 0, the public cases."""
+    import os
+
+    raw = os.environ.get(SEED_ENV, "0")
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(
+            f"{SEED_ENV}={raw!r} is not an integer: unset it, or give the seed a grading "
+            "result names (course grade --hidden-seed N)"
+        ) from None
