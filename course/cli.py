@@ -1,4 +1,8 @@
-"""The ``course`` command: parses arguments and calls the plain functions of this package."""
+"""The ``course`` command: parses arguments and calls the plain functions of this package.
+
+Each sub-command has an ``_add_<name>`` that declares its arguments and names its handler, and a
+handler ``_<name>(args) -> int`` that calls the plain function and turns its errors into an exit
+status; ``main`` only parses and dispatches."""
 
 from __future__ import annotations
 
@@ -7,22 +11,95 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="course", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    args = parser().parse_args(argv)
+    return args.handler(args)
 
+
+def parser() -> argparse.ArgumentParser:
+    """The ``course`` parser, its sub-commands in the order ``course --help`` lists them."""
+    top = argparse.ArgumentParser(prog="course", description=__doc__.split("\n")[0])
+    sub = top.add_subparsers(dest="command", required=True)
+    for add in (_add_kernel, _add_run, _add_release, _add_grade, _add_mark, _add_export):
+        add(sub)
+    for add in (_add_grade_merge, _add_check, _add_record, _add_compare, _add_exchange):
+        add(sub)
+    _add_site(sub)
+    return top
+
+
+def find_lab(name: str, folder: str = "solutions"):
+    """A notebook by path, or by the start of its name in ``folder`` (solutions/ or labs/) of
+    the repository (e.g. lab01)."""
+    from pathlib import Path
+
+    from course.syllabus import REPO
+
+    lab = Path(name)
+    if lab.exists():
+        return lab
+    found = sorted((REPO / folder).rglob(f"{name}*.ipynb"))
+    return found[0] if len(found) == 1 else None
+
+
+def _fail(args, message: str, code: int = 2) -> int:
+    """``course <command>: message`` on stderr; ``code`` back as the exit status."""
+    print(f"course {args.command}: {message}", file=sys.stderr)
+    return code
+
+
+def _add_kernel(sub) -> None:
     k = sub.add_parser("kernel", help="register this environment as the Jupyter kernel")
     k.add_argument("--user", action="store_true", help="register for every Jupyter of this user")
     k.add_argument("--quiet", action="store_true")
+    k.set_defaults(handler=_kernel)
 
+
+def _kernel(args) -> int:
+    from course.kernel import install_kernel
+
+    install_kernel(user=args.user, quiet=args.quiet)
+    return 0
+
+
+def _add_run(sub) -> None:
     r = sub.add_parser("run", help="execute notebooks headless into build/ with an HTML index")
     r.add_argument("notebooks", nargs="*", help="notebooks to run (default: the whole syllabus)")
     r.add_argument("--profile", default="quick", choices=("quick", "full"))
     r.add_argument("--out", default=None, help="output folder (default: build/)")
+    r.set_defaults(handler=_run)
 
+
+def _run(args) -> int:
+    from course.run import REPO, run_notebooks, summary
+
+    results = run_notebooks(args.notebooks, args.profile, args.out or REPO / "build")
+    print(summary(results))
+    print(f"index: {(args.out or REPO / 'build')}/index.html", file=sys.stderr)
+    return 0 if all(r.ok for r in results) else 1
+
+
+def _add_release(sub) -> None:
     rel = sub.add_parser("release", help="write the student labs/ from solutions/")
     rel.add_argument("--solutions", default=None, help="source folder (default: solutions/)")
     rel.add_argument("--labs", default=None, help="output folder (default: labs/)")
+    rel.set_defaults(handler=_release)
 
+
+def _release(args) -> int:
+    from course.grading.cells import FormatError
+    from course.release import release_all
+    from course.syllabus import REPO
+
+    try:
+        written = release_all(args.solutions or REPO / "solutions", args.labs or REPO / "labs")
+    except FormatError as exc:
+        return _fail(args, exc)
+    for path in written:
+        print(f"released {path}")
+    return 0
+
+
+def _add_grade(sub) -> None:
     g = sub.add_parser("grade", help="grade a folder of submissions into a gradebook and feedback")
     g.add_argument("lab", help="the solution notebook (or its name in solutions/, e.g. lab01)")
     g.add_argument("submissions", help="folder: one notebook (or one folder) per student")
@@ -39,7 +116,12 @@ def main(argv: list[str] | None = None) -> int:
         "every feedback page and the gradebook say so). Without it, grading refuses to run "
         "when it cannot isolate (not root, no namespaces)",
     )
+    _add_grade_seeds(g)
+    g.set_defaults(handler=_grade)
 
+
+def _add_grade_seeds(g) -> None:
+    """`course grade`'s hidden seeds, slices and kept work."""
     g.add_argument(
         "--hidden-seed",
         type=int,
@@ -74,6 +156,72 @@ def main(argv: list[str] | None = None) -> int:
         "(by default they go once its feedback page is written)",
     )
 
+
+def _grade_parameters(lab, profile: str) -> dict:
+    """The syllabus's papermill parameters for ``lab`` under ``profile`` ({} if not listed)."""
+    from course.syllabus import load_syllabus
+
+    parameters = {}
+    for entry in load_syllabus():
+        if entry.path == lab.resolve():
+            parameters = entry.parameters(profile)
+    return parameters
+
+
+def _grade(args) -> int:
+    from pathlib import Path
+
+    from course.grade import NotWritten, grade
+    from course.grading.cells import FormatError
+    from course.grading.isolation import UNSAFE, IsolationUnavailable, UidsBusy
+    from course.grading.reports import summary
+    from course.grading.results import Limits
+    from course.grading.seeds import SeedError
+    from course.grading.shards import check_shard
+    from course.syllabus import REPO
+    from helpers.measure.memory import parse_bytes  # here: other commands start without torch
+
+    lab = find_lab(args.lab)
+    if lab is None:
+        return _fail(args, f"{args.lab} names no single notebook in solutions/")
+    if not Path(args.submissions).is_dir():
+        return _fail(args, f"{args.submissions} is not a folder of submissions")
+    limits = Limits(
+        cell_timeout=args.cell_timeout, budget=args.budget, memory=parse_bytes(args.memory)
+    )
+    out = Path(args.out) if args.out else REPO / "build" / "grades" / lab.stem
+    try:
+        shard = check_shard(args.shard) if args.shard else None
+    except ValueError as exc:
+        return _fail(args, exc)
+    try:
+        results = grade(
+            lab,
+            args.submissions,
+            out,
+            jobs=args.jobs,
+            limits=limits,
+            parameters=_grade_parameters(lab, args.profile),
+            isolation=UNSAFE if args.unsafe_no_isolation else "auto",
+            shard=shard,
+            hidden_seed=args.hidden_seed,
+            replay=args.replay,
+            keep_work=args.keep_work,
+        )
+    # FormatError: the lab's own authoring
+    except (IsolationUnavailable, FormatError, UidsBusy, SeedError) as exc:
+        return _fail(args, exc)
+    except KeyboardInterrupt:
+        print(f"interrupted: finished grades kept in {out}/gradebook.csv", file=sys.stderr)
+        return 130
+    except NotWritten as exc:
+        return _fail(args, exc, 1)
+    print(summary(results))
+    print(f"gradebook: {out}/gradebook.csv, feedback: {out}/feedback/")
+    return 0
+
+
+def _add_mark(sub) -> None:
     mk = sub.add_parser(
         "mark",
         help="merge the written answers' sheets (OUT/manual/*.csv) into the grades",
@@ -86,16 +234,74 @@ def main(argv: list[str] | None = None) -> int:
         "out",
         help="the output folder of `course grade` (of each slice, for --shard: mark each slice)",
     )
+    mk.set_defaults(handler=_mark)
+
+
+def _mark(args) -> int:
+    from course.grade import mark
+
+    lab = find_lab(args.lab)
+    if lab is None:
+        return _fail(args, f"{args.lab} names no single notebook")
+    try:
+        results = mark(lab, args.out)
+    except (ValueError, OSError) as exc:
+        return _fail(args, exc)
+    return _graded(results, args.out)
+
+
+def _graded(results, out) -> int:
+    """A graded folder's summary and where its gradebook and feedback are."""
+    from course.grading.reports import summary
+
+    print(summary(results))
+    print(f"gradebook: {out}/gradebook.csv, feedback: {out}/feedback/")
+    return 0
+
+
+def _add_export(sub) -> None:
     ex = sub.add_parser("export", help="lms.csv: the grades, one row per student, for an LMS")
     ex.add_argument("lab", help="the solution notebook the folder was graded with")
     ex.add_argument("out", help="the output folder of `course grade` (and `course mark`)")
     ex.add_argument("--title", default=None, help="the assignment's column (default: the lab)")
+    ex.set_defaults(handler=_export)
 
+
+def _export(args) -> int:
+    from course.grade import export
+
+    lab = find_lab(args.lab)
+    if lab is None:
+        return _fail(args, f"{args.lab} names no single notebook")
+    try:
+        print(f"written: {export(lab, args.out, args.title)}")
+    except (ValueError, OSError) as exc:
+        return _fail(args, exc)
+    return 0
+
+
+def _add_grade_merge(sub) -> None:
     m = sub.add_parser("grade-merge", help="join the folders of `course grade --shard K/N`")
     m.add_argument("lab", help="the solution notebook the slices were graded with")
     m.add_argument("out", help="output folder of the joined gradebook and feedback")
     m.add_argument("shards", nargs="+", help="the slices' --out folders")
+    m.set_defaults(handler=_grade_merge)
 
+
+def _grade_merge(args) -> int:
+    from course.grading.shards import merge
+
+    lab = find_lab(args.lab)
+    if lab is None:
+        return _fail(args, f"{args.lab} names no single notebook")
+    try:
+        results = merge(lab, args.shards, args.out)
+    except ValueError as exc:
+        return _fail(args, exc)
+    return _graded(results, args.out)
+
+
+def _add_check(sub) -> None:
     c = sub.add_parser(
         "check", help="nbval: committed outputs of lectures and solutions still hold"
     )
@@ -107,13 +313,37 @@ def main(argv: list[str] | None = None) -> int:
         help="check the copies `course run` executed into BUILD (e.g. build/) by nbval's rules "
         "instead of executing the notebooks again",
     )
+    c.set_defaults(handler=_check)
 
+
+def _check(args) -> int:
+    from course.check import check, check_executed
+
+    if args.executed:
+        return check_executed(args.executed, args.notebooks)
+    return check(args.notebooks)
+
+
+def _add_record(sub) -> None:
     rec = sub.add_parser(
         "record", help="run notebooks and store their outputs in them (then commit)"
     )
     rec.add_argument("notebooks", nargs="+")
     rec.add_argument("--profile", default="quick", choices=("quick", "full"))
+    rec.set_defaults(handler=_record)
 
+
+def _record(args) -> int:
+    from course.record import record
+    from course.run import select
+    from course.syllabus import load_syllabus
+
+    for entry in select(load_syllabus(), args.notebooks):
+        print(f"recorded {record(entry.path, entry.parameters(args.profile))}")
+    return 0
+
+
+def _add_compare(sub) -> None:
     cmp_ = sub.add_parser(
         "compare",
         help="list every findings verdict that differs between two executed builds",
@@ -124,111 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     cmp_.add_argument("build_a", help="a folder of executed notebooks (or one notebook)")
     cmp_.add_argument("build_b", help="another (or the repository: its recorded notebooks)")
-
-    _add_exchange(sub)
-    _add_site(sub)
-
-    args = parser.parse_args(argv)
-    if args.command == "kernel":
-        from course.kernel import install_kernel
-
-        install_kernel(user=args.user, quiet=args.quiet)
-        return 0
-    if args.command == "release":
-        from course.grading.cells import FormatError
-        from course.release import release_all
-        from course.syllabus import REPO
-
-        try:
-            written = release_all(args.solutions or REPO / "solutions", args.labs or REPO / "labs")
-        except FormatError as exc:
-            print(f"course release: {exc}", file=sys.stderr)
-            return 2
-        for path in written:
-            print(f"released {path}")
-        return 0
-    if args.command == "check":
-        from course.check import check, check_executed
-
-        if args.executed:
-            return check_executed(args.executed, args.notebooks)
-        return check(args.notebooks)
-    if args.command == "record":
-        from course.record import record
-        from course.run import select
-        from course.syllabus import load_syllabus
-
-        for entry in select(load_syllabus(), args.notebooks):
-            print(f"recorded {record(entry.path, entry.parameters(args.profile))}")
-        return 0
-    if args.command == "compare":
-        return _compare(args)
-    handlers = {
-        "grade": _grade,
-        "handout": _handout,
-        "collect": _collect,
-        "return": _return,
-        "site": _site,
-    }
-    if args.command in handlers:
-        return handlers[args.command](args)
-    if args.command in ("mark", "export"):
-        from course.grade import export, mark
-        from course.grading.reports import summary
-
-        lab = find_lab(args.lab)
-        if lab is None:
-            print(f"course {args.command}: {args.lab} names no single notebook", file=sys.stderr)
-            return 2
-        try:
-            if args.command == "export":
-                print(f"written: {export(lab, args.out, args.title)}")
-                return 0
-            results = mark(lab, args.out)
-        except (ValueError, OSError) as exc:
-            print(f"course {args.command}: {exc}", file=sys.stderr)
-            return 2
-        print(summary(results))
-        print(f"gradebook: {args.out}/gradebook.csv, feedback: {args.out}/feedback/")
-        return 0
-    if args.command == "grade-merge":
-        from course.grading.reports import summary
-        from course.grading.shards import merge
-
-        lab = find_lab(args.lab)
-        if lab is None:
-            print(f"course grade-merge: {args.lab} names no single notebook", file=sys.stderr)
-            return 2
-        try:
-            results = merge(lab, args.shards, args.out)
-        except ValueError as exc:
-            print(f"course grade-merge: {exc}", file=sys.stderr)
-            return 2
-        print(summary(results))
-        print(f"gradebook: {args.out}/gradebook.csv, feedback: {args.out}/feedback/")
-        return 0
-    if args.command == "run":
-        from course.run import REPO, run_notebooks, summary
-
-        results = run_notebooks(args.notebooks, args.profile, args.out or REPO / "build")
-        print(summary(results))
-        print(f"index: {(args.out or REPO / 'build')}/index.html", file=sys.stderr)
-        return 0 if all(r.ok for r in results) else 1
-    return 2
-
-
-def find_lab(name: str, folder: str = "solutions"):
-    """A notebook by path, or by the start of its name in ``folder`` (solutions/ or labs/) of
-    the repository (e.g. lab01)."""
-    from pathlib import Path
-
-    from course.syllabus import REPO
-
-    lab = Path(name)
-    if lab.exists():
-        return lab
-    found = sorted((REPO / folder).rglob(f"{name}*.ipynb"))
-    return found[0] if len(found) == 1 else None
+    cmp_.set_defaults(handler=_compare)
 
 
 def _compare(args) -> int:
@@ -252,7 +378,8 @@ def _add_exchange(sub) -> None:
     )
     r.add_argument("out", help="the output folder of `course grade` (its feedback/USER.html)")
     r.add_argument("--lab", default=None, help="LAB (default: the lab OUT was graded with)")
-    for p in (h, c, r):
+    for p, handler in ((h, _handout), (c, _collect), (r, _return)):
+        p.set_defaults(handler=handler)
         who = p.add_mutually_exclusive_group(required=True)
         who.add_argument("--users", help="user names, comma-separated")
         who.add_argument("--roster", metavar="FILE", help="user names, one a line (# comments)")
@@ -277,6 +404,7 @@ def _add_site(sub) -> None:
     s.add_argument("--hub", default=None, help="a JupyterHub with nbgitpuller, for launch links")
     s.add_argument("--branch", default=None, help="the repository's branch (default: main)")
     s.add_argument("--binder", default=None, help="a BinderHub (default: https://mybinder.org)")
+    s.set_defaults(handler=_site)
 
 
 def _site(args) -> int:
@@ -291,8 +419,7 @@ def _site(args) -> int:
     try:
         site = build_site(args.build or REPO / "build", launch)
     except (FileNotFoundError, RuntimeError) as exc:
-        print(f"course site: {exc}", file=sys.stderr)
-        return 2
+        return _fail(args, exc)
     for warning in site.warnings:
         print(warning, file=sys.stderr)
     print(f"site: {site.index} in {site.seconds:.1f} s ({len(site.warnings)} Sphinx warnings)")
@@ -325,8 +452,7 @@ def _exchange(args, move) -> int:
     try:
         moved = move(_users(args))
     except (ExchangeError, OSError) as exc:
-        print(f"course {args.command}: {exc}", file=sys.stderr)
-        return 2
+        return _fail(args, exc)
     for m in moved:
         print(m, file=sys.stdout if m.ok else sys.stderr)
     return 0 if all(m.ok for m in moved) else 1
@@ -337,8 +463,7 @@ def _handout(args) -> int:
 
     lab = find_lab(args.lab, "labs")
     if lab is None:
-        print(f"course handout: {args.lab} names no single notebook in labs/", file=sys.stderr)
-        return 2
+        return _fail(args, f"{args.lab} names no single notebook in labs/")
     return _exchange(args, lambda users: handout(lab, users))
 
 
@@ -347,8 +472,7 @@ def _collect(args) -> int:
 
     lab = find_lab(args.lab, "labs")
     if lab is None:
-        print(f"course collect: {args.lab} names no single notebook in labs/", file=sys.stderr)
-        return 2
+        return _fail(args, f"{args.lab} names no single notebook in labs/")
     code = _exchange(args, lambda users: collect(lab, args.out, users))
     if code != 2:
         print(f"manifest: {args.out}/collected.json; next: course grade {args.lab} {args.out}")
@@ -359,73 +483,6 @@ def _return(args) -> int:
     from course.exchange import return_feedback
 
     return _exchange(args, lambda users: return_feedback(args.out, users, args.lab))
-
-
-def _grade(args) -> int:
-    from pathlib import Path
-
-    from course.grade import NotWritten, grade
-    from course.grading.reports import summary
-    from course.grading.results import Limits
-    from course.syllabus import REPO, load_syllabus
-    from helpers.measure.memory import parse_bytes
-
-    lab = find_lab(args.lab)
-    if lab is None:
-        print(f"course grade: {args.lab} names no single notebook in solutions/", file=sys.stderr)
-        return 2
-    if not Path(args.submissions).is_dir():
-        print(f"course grade: {args.submissions} is not a folder of submissions", file=sys.stderr)
-        return 2
-    parameters = {}
-    for entry in load_syllabus():
-        if entry.path == lab.resolve():
-            parameters = entry.parameters(args.profile)
-    limits = Limits(
-        cell_timeout=args.cell_timeout, budget=args.budget, memory=parse_bytes(args.memory)
-    )
-    out = Path(args.out) if args.out else REPO / "build" / "grades" / lab.stem
-    from course.grading.cells import FormatError
-    from course.grading.isolation import UNSAFE, IsolationUnavailable, UidsBusy
-    from course.grading.seeds import SeedError
-    from course.grading.shards import check_shard
-
-    try:
-        shard = check_shard(args.shard) if args.shard else None
-    except ValueError as exc:
-        print(f"course grade: {exc}", file=sys.stderr)
-        return 2
-    try:
-        results = grade(
-            lab,
-            args.submissions,
-            out,
-            jobs=args.jobs,
-            limits=limits,
-            parameters=parameters,
-            isolation=UNSAFE if args.unsafe_no_isolation else "auto",
-            shard=shard,
-            hidden_seed=args.hidden_seed,
-            replay=args.replay,
-            keep_work=args.keep_work,
-        )
-    except (
-        IsolationUnavailable,
-        FormatError,
-        UidsBusy,
-        SeedError,
-    ) as exc:  # FormatError: the lab's own authoring
-        print(f"course grade: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"interrupted: finished grades kept in {out}/gradebook.csv", file=sys.stderr)
-        return 130
-    except NotWritten as exc:
-        print(f"course grade: {exc}", file=sys.stderr)
-        return 1
-    print(summary(results))
-    print(f"gradebook: {out}/gradebook.csv, feedback: {out}/feedback/")
-    return 0
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from course.grading.isolation import (
 )
 from course.grading.reports import write_feedback, write_gradebook
 from course.grading.results import Limits, Result, blank_scores, questions
-from course.grading.runner import grade_one
+from course.grading.runner import Job, grade_one
 from course.grading.shards import (
     check_shard,
     content_key,
@@ -140,7 +140,9 @@ def _grade(
                 uid = uid_base + slot if iso.uid else None
                 cpus = slot_cores(slot, jobs)
                 seed = hidden.for_student(student_name(path), content_key(path))
-                r = grade_one(path, source, qs, job, limits, iso, uid, parameters, cpus, stop, seed)
+                one = Job(path, source, qs, job, limits, iso, parameters, stop)
+                one.uid, one.cpus, one.hidden_seed = uid, cpus, seed  # the slot's, the run's
+                r = grade_one(one)
             except Exception as exc:  # the grader's own bug must not sink the batch either
                 r = Result(
                     student_name(path),

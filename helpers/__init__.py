@@ -3,20 +3,22 @@
 - ``launch(fn, *args, world_size=N)`` / ``shutdown()``: run a notebook function on N ranks.
 - the device model (world): one CPU rank plays one device with a fixed core budget (default 1).
 - measuring: ``StepTimer`` (timing), ``CommRecorder`` (comm), ``trace`` (tracing), repeats and
-  spread (``scaling``, ``timing.spread``),
-  ``benchmark_collectives`` and ``benchmark_spread`` (bench), ``bandwidth``, ``costmodel``,
-  ``memory_limit`` and ``memory.track`` (memory), ``sharding`` (ZeRO / FSDP),
-  ``large_batch`` (a global batch on any
-  number of ranks, accumulation), ``noise_scale`` (the gradient noise scale, the critical
-  batch) and ``stability`` (sharpness, trust ratios), ``pipeline`` (schedules, a send/recv
-  engine, the bubble; interleaved 1F1B and ZB-H1 simulated), ``tensor_parallel`` (Megatron's
-  MLP), ``transformer`` (a block, its activation memory, tensor and sequence parallelism),
+  spread (``scaling``, ``timing.spread``), ``benchmark_collectives`` and ``benchmark_spread``
+  (bench), ``bandwidth``, ``costmodel``, ``memory_limit`` and ``memory.track`` (memory);
+  ``probe.support_table()``: which backend runs which op, asked live; ``findings``: what
+  measured samples allow one to say (a comparison, an ordering, a fit), printed from the run,
+  never typed.
+- parallelism: ``sharding`` (ZeRO / FSDP), ``pipeline`` (schedules, a send/recv engine, the
+  bubble; interleaved 1F1B and ZB-H1 simulated), ``tensor_parallel`` (Megatron's MLP),
+  ``transformer`` (a block, its activation memory, tensor and sequence parallelism),
   ``context`` (ring attention), ``moe`` (experts over all-to-all), ``layout`` (data × tensor
-  parallel on a DeviceMesh, a planner of layouts), ``zoo`` (torchvision's
-  classifiers timed per step, a sweep point notebook), ``profiling`` (torch.profiler on DDP), ``multinode``
-  (torchrun agents as nodes), ``plots``; ``probe.support_table()``: which backend runs which
-  op, asked live; ``findings``: what measured samples allow one to say (a comparison, an
-  ordering, a fit), printed from the run, never typed.
+  parallel on a DeviceMesh, a planner of layouts).
+- large batches: ``large_batch`` (a global batch on any number of ranks, accumulation),
+  ``noise_scale`` (the gradient noise scale, the critical batch), ``stability`` (sharpness,
+  trust ratios).
+- tools and figures: ``zoo`` (torchvision's classifiers timed per step, a sweep point
+  notebook), ``profiling`` (torch.profiler on DDP), ``multinode`` (torchrun agents as nodes),
+  ``plots``.
 - ``rank()``, ``world_size()``, ``local_rank()``, ``is_main()``, ``print0()``, ``device()``:
   the same answers under launch, under torchrun, and in a plain process.
 """

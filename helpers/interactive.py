@@ -13,7 +13,8 @@ Output streams live as ``[rank k]``; the cell's last expression is shown per ran
 
 The world is a ``launcher.cellpool.WorldPool``: the launcher's rank server, handshake,
 ``[rank k]`` printer and hang diagnosis, whose task is one cell. Its machinery is in the
-launcher; this module is the notebook's face of it (and the rank's side of a cell). What survives what:
+launcher; this module is the notebook's face of it (and the rank's side of a cell). What
+survives what:
   - an error: the ranks all answered, so the world and every rank's variables are kept;
   - an interrupt: forwarded to every rank as KeyboardInterrupt; kept if every rank stops;
   - a rank blocked in C++ (a collective another rank will never join, after an error, a hang
@@ -34,6 +35,10 @@ import signal
 import sys
 import time
 
+import torch
+import torch.distributed as dist
+
+import helpers
 from helpers.launcher import _pickling, launch
 from helpers.launcher._worker import dumps_result, error_info
 from helpers.launcher.cellpool import RESTARTED, Broken, WorldPool
@@ -61,11 +66,6 @@ _namespace: dict | None = None  # this rank's variables, kept between cells (ran
 def _ns() -> dict:
     global _namespace
     if _namespace is None:
-        import torch
-        import torch.distributed as dist
-
-        import helpers
-
         _namespace = {
             "__name__": "__main__",
             "__builtins__": builtins,
@@ -90,9 +90,6 @@ def _run_cell(source: str, filename: str, ranks: list[int] | None):
 
     Trusts the kernel: ``source`` parsed there already. A rank outside ``ranks`` returns at once.
     """
-    import torch
-    import torch.distributed as dist
-
     if ranks is not None and dist.get_rank() not in ranks:
         return None
     lines = source.splitlines(True)
@@ -129,8 +126,6 @@ def _pull(name: str):
 
 
 def _push(name: str, value, ranks: list[int] | None) -> None:
-    import torch.distributed as dist
-
     if ranks is None or dist.get_rank() in ranks:
         _ns()[name] = value
 

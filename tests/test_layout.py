@@ -1,5 +1,6 @@
 """The house's rules (docs/architecture.md): imports run down the layers, never up,
-with no cycle, and a module over about 500 lines says why in its docstring."""
+with no cycle, a module over about 500 lines says why in its docstring, and no function is
+over 80 lines."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ LAYERS = {
 }
 LONG_OK = "long because"  # what a docstring says to keep a module over the limit
 LIMIT = 500
+FUNCTION_LIMIT = 80  # lines of one def: past it, split it into named steps
 
 
 def module_name(path: Path) -> str:
@@ -122,6 +124,28 @@ def test_a_long_module_says_why(path):
         f"{path.relative_to(REPO)} has {lines} lines: split it by job, or say in its docstring "
         f"why it is {LONG_OK} ..."
     )
+
+
+def long_functions(tree: ast.AST, limit: int = FUNCTION_LIMIT) -> list[tuple[str, int]]:
+    """Every def (nested ones too) of more than ``limit`` lines, with its length."""
+    return [
+        (node.name, node.end_lineno - node.lineno + 1)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno - node.lineno + 1 > limit
+    ]
+
+
+def test_no_function_is_over_the_limit():
+    long = {
+        str(p.relative_to(REPO)): found
+        for p in sources()
+        if (found := long_functions(ast.parse(p.read_text())))
+    }
+    assert not long, f"split these into named steps (at most {FUNCTION_LIMIT} lines): {long}"
+    # the check itself finds one
+    body = "\n".join(f"    x = {i}" for i in range(FUNCTION_LIMIT))
+    assert long_functions(ast.parse(f"def f():\n{body}\n")) == [("f", FUNCTION_LIMIT + 1)]
 
 
 def test_the_rules_catch_an_upward_import(tmp_path, monkeypatch):

@@ -29,8 +29,10 @@ Modules, in the order a submission meets them:
   assemble     the notebook to run, and each test cut to its probe (the checks stay here)
   isolation    what the machine allows (uids, namespaces, bubblewrap, cgroups), the block of
                uids a grader holds, a submission's processes and their limits
-  runner       grade_one: one submission end to end (sandbox, watch, verdicts, executed notebook)
+  runner       Job, grade_one: one submission end to end (sandbox, watch, verdicts, executed
+               notebook)
   sandbox      the process that runs a notebook in bubblewrap and streams the probes' data out
+  client       its notebook client: what the kernel sends back, capped and filtered
   _kernel_shim the kernel's start: limits, cores, environment, uid, then ipykernel; and the
                hidden part of a probe, run from a file so that no history of the kernel keeps it
   seeds        each submission's hidden seed, from the run's key kept in its output folder

@@ -1,7 +1,7 @@
 """One submission end to end: read, assemble, run in the sandbox, watch, check, score.
 
-``grade_one`` takes a submission to its Result: the notebook assembled (course.grading.assemble)
-is written as a job into a folder only the grader can enter, and run by
+``grade_one`` takes a submission's ``Job`` to its Result: the notebook assembled
+(course.grading.assemble) is written as a job into a folder only the grader can enter, and run by
 ``python -m course.grading.sandbox`` (in private namespaces, its kernel in bubblewrap as the
 slot's uid); the grader watches it against the wall-clock budget and the memory and process
 limits, reads the probes' data from its result pipe (``_Reader``), kills everything the
@@ -27,6 +27,7 @@ import tempfile
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
@@ -56,44 +57,48 @@ def launch_cap(cell_timeout: float) -> float:
     return cell_timeout - min(20.0, 0.2 * cell_timeout)
 
 
-def grade_one(
-    path: Path,
-    source,
-    qs: list[Question],
-    work: Path,
-    limits: Limits,
-    iso: Isolation,
-    uid: int | None,
-    parameters: dict,
-    cpus: list[int] | None,
-    stop: threading.Event,
-    hidden_seed: int = 0,
-) -> Result:
-    """The Result of the submission at ``path``, graded against ``source`` as ``uid`` on
-    ``cpus``; ``work`` holds the job's private folder (its logs and executed notebook stay there).
-    ``stop`` set: the run ends at once, as "interrupted". ``hidden_seed``: what the kernel and
-    the checker read as COURSE_HIDDEN_SEED (course.grading.seeds)."""
+@dataclass
+class Job:
+    """One submission to grade, and what its run needs (course.grade makes one per submission)."""
+
+    path: Path  # the submission: a notebook, or a folder holding one
+    source: object  # the solution notebook it is graded against
+    questions: list[Question]
+    work: Path  # the job's private folder: its logs and executed notebook stay there
+    limits: Limits
+    iso: Isolation
+    parameters: dict  # the lab's papermill parameters for this grading
+    stop: threading.Event  # set: the run ends at once, as "interrupted"
+    uid: int | None = None  # the slot's uid (None: the grader's own, unsafe)
+    cpus: list[int] | None = None  # the slot's cores (None: every core)
+    hidden_seed: int = 0  # COURSE_HIDDEN_SEED in the kernel and the checker (seeds)
+
+
+def grade_one(job: Job) -> Result:
+    """The Result of the submission at ``job.path``, graded against ``job.source`` as
+    ``job.uid`` on ``job.cpus``; its logs and executed notebook stay in ``job.work``."""
+    path, qs, limits, iso, uid = job.path, job.questions, job.limits, job.iso, job.uid
     student = student_name(path)
     start = time.monotonic()
     nb, reason = load_submission(path)
     if nb is None:
         return Result(student, "invalid", reason, blank_scores(qs))
-    graded_nb, flags = assemble(source, nb, parameters)
+    graded_nb, flags = assemble(job.source, nb, job.parameters)
     tests = split_tests(graded_nb)
     marker = uuid.uuid4().hex
-    private = Path(tempfile.mkdtemp(prefix="job-", dir=work))
+    private = Path(tempfile.mkdtemp(prefix="job-", dir=job.work))
     workdir = Path(tempfile.mkdtemp(prefix=f"grade-{student[:20]}-"))
     if uid is not None:
         os.chown(workdir, uid, uid)
-    job = _job(graded_nb, workdir, marker, limits, iso, uid, cpus, hidden_seed)
-    group = Group(iso, marker, uid, limits, cpus)
-    runner, read_fd = _start_runner(private, job, group, iso, marker, cpus)
-    result = Result(student, "graded", flags=flags, hidden_seed=hidden_seed)
+    told = _sandbox_job(job, graded_nb, workdir, marker)
+    group = Group(iso, marker, uid, limits, job.cpus)
+    runner, read_fd = _start_runner(private, told, group, iso, marker, job.cpus)
+    result = Result(student, "graded", flags=flags, hidden_seed=job.hidden_seed)
     result.answers = answers_of(graded_nb, qs)  # for the written questions' sheets
     lines = _Reader(read_fd)
     try:
         status, reason, notebook, probes = _watch(
-            runner, lines, group, limits, stop, start + limits.budget, tests, result
+            runner, lines, group, limits, job.stop, start + limits.budget, tests, result
         )
         if status == "graded" and group.oom_killed():  # before the group is removed below
             status = "memory"
@@ -112,9 +117,7 @@ def grade_one(
     # the checks run on what the submission's code made, so they count against its budget;
     # a run that used all of it still gets CHECK_GRACE_S for what finished before the limit
     checks_until = max(start + limits.budget, time.monotonic() + CHECK_GRACE_S)
-    outputs = _score(
-        qs, tests, probes, private, limits, result, hidden_seed, cpus, checks_until, iso, uid
-    )
+    outputs = _score(job, tests, probes, private, result, checks_until)
     result.scores = {**blank_scores(qs), **result.scores}
     result.status, result.reason, result.seconds = status, reason, time.monotonic() - start
     if iso.mode == UNSAFE:  # said wherever a grade is read: the gradebook and the feedback
@@ -125,11 +128,10 @@ def grade_one(
     return result
 
 
-def _job(
-    graded_nb, workdir: Path, marker: str, limits: Limits, iso: Isolation, uid, cpus, seed: int = 0
-) -> dict:
-    """What the sandbox runner is told: the notebook, its timeouts and its limits, and the
-    kernel's whole environment (under bwrap it starts empty: nothing of the grader's)."""
+def _sandbox_job(job: Job, graded_nb, workdir: Path, marker: str) -> dict:
+    """What the sandbox runner is told of ``job``: the notebook, its timeouts and its limits, and
+    the kernel's whole environment (under bwrap it starts empty: nothing of the grader's)."""
+    limits, iso, uid = job.limits, job.iso, job.uid
     rlimits = {"RLIMIT_CPU": int(limits.budget) + 5, "RLIMIT_FSIZE": limits.file_size}
     if uid is not None:
         rlimits["RLIMIT_NPROC"] = limits.processes
@@ -151,13 +153,13 @@ def _job(
         "HELPERS_LAUNCH_TIMEOUT": str(launch_cap(limits.cell_timeout)),
         "HELPERS_LAUNCH_TIMEOUT_CAP": str(launch_cap(limits.cell_timeout)),
         "COURSE_GRADE_JOB": marker,
-        seeds.ENV: str(seed),  # the hidden cases of this run (course.grading.seeds)
+        seeds.ENV: str(job.hidden_seed),  # the hidden cases of this run (course.grading.seeds)
     }
     return {
         "notebook": graded_nb,
         "cell_timeout": limits.cell_timeout,
         "workdir": str(workdir),
-        "limits": {"uid": uid, "rlimits": rlimits, "env": env, "cpus": cpus},
+        "limits": {"uid": uid, "rlimits": rlimits, "env": env, "cpus": job.cpus},
         "netns": iso.namespaces,
         "bwrap": iso.strong,
         "work_size": limits.work_size,
@@ -248,22 +250,11 @@ def _past_a_limit(runner, group: Group, limits: Limits, stop, deadline: float):
     return None
 
 
-def _score(
-    qs: list[Question],
-    tests: dict,
-    probes: dict,
-    private: Path,
-    limits: Limits,
-    result,
-    seed=0,
-    cpus=None,
-    deadline=None,
-    iso: Isolation | None = None,
-    uid: int | None = None,
-):
+def _score(job: Job, tests: dict, probes: dict, private: Path, result, deadline=None):
     """The verdicts, now that nothing of the submission runs any more: each check on its data,
     in a checker of the grader's. Scores and errors go into ``result``; returns each test's
     check outputs, for the executed notebook."""
+    limits, iso, uid = job.limits, job.iso, job.uid
     outputs = {}
     sandbox, checkdir = None, None
     if iso is not None and iso.strong and uid is not None:
@@ -276,14 +267,14 @@ def _score(
             str(private),
             limits.cell_timeout,
             log,
-            {seeds.ENV: str(seed)},
+            {seeds.ENV: str(job.hidden_seed)},
             # the submission's own memory and file limits and its slot's cores
-            {"memory": limits.memory, "file_size": limits.file_size, "cpus": cpus},
+            {"memory": limits.memory, "file_size": limits.file_size, "cpus": job.cpus},
             deadline,
             sandbox,
         )
         try:
-            for q in qs:
+            for q in job.questions:
                 probe = probes.get(q.grade_id)
                 if probe is None:
                     continue

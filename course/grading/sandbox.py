@@ -19,8 +19,9 @@ code ever runs in it. It
      notebook.
 Trusts: the job file (the grader wrote it, in a folder only root can enter). Does not trust:
 anything that comes out of the kernel (every message is the submission's to forge: outputs are
-capped and filtered as they arrive). Nothing here decides a grade: the grader runs each test's
-check on the published data in an interpreter of its own (course.grading.verdict).
+capped and filtered as they arrive, by course.grading.client). Nothing here decides a grade: the
+grader runs each test's check on the published data in an interpreter of its own
+(course.grading.verdict).
 """
 
 from __future__ import annotations
@@ -38,12 +39,16 @@ import tempfile
 from pathlib import Path
 
 from course.grading import _kernel_shim, cells
-from course.grading.isolation import bwrap_sizes, sized_work_folder
-from course.grading.plain import MAX_BYTES, MIME
 
-OUTPUT_LIMIT = 100_000  # bytes of output kept per cell; the rest is dropped with a note
-FIGURE_LIMIT = 1_000_000  # bytes of figures (base64 PNG) kept per cell
-SUBMISSION_OUTPUT_LIMIT = 8_000_000  # bytes of output kept for the whole notebook, figures too
+# The caps are re-exported: the reports and tests read them here, where a submission runs.
+from course.grading.client import (  # noqa: F401
+    FIGURE_LIMIT,
+    OUTPUT_LIMIT,
+    SUBMISSION_OUTPUT_LIMIT,
+    Guarded,
+    bounded,
+)
+from course.grading.isolation import bwrap_sizes, sized_work_folder
 
 
 def loopback_up() -> bool:
@@ -280,107 +285,15 @@ def run(job: dict, emit) -> None:
 
 def _run(job: dict, emit, nb, probes: dict, timeout_output) -> None:
     """Run every code cell of the assembled notebook in the sandboxed kernel, emitting each test
-    cell's probe and then the notebook. Long because its NotebookClient subclass lives here:
-    nbclient is imported only when a notebook runs (the ``--probe`` path never pays for it), and
-    the subclass's overrides (the output caps, the message filter, the connection file's place)
-    read best beside the loop they guard."""
-    import nbformat
+    cell's probe and then the notebook."""
     from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionComplete, CellTimeoutError, DeadKernelError
 
     from course.kernel import guard_missed_wakeups
 
     guard_missed_wakeups()
 
-    class Client(NotebookClient):
-        published = None  # a list while a probe's values are being read back
-        timed_out = False  # set when a cell reached its time limit and was interrupted
-
-        async def _async_handle_timeout(self, timeout, cell=None):
-            self.timed_out = True
-            return await super()._async_handle_timeout(timeout, cell)
-
-        total_bytes = 0  # output kept, all cells
-        whole_noted = False  # the notebook's cap was reached and said
-        cell_bytes: dict  # output received, per cell index
-
-        def output(self, outs, msg, display_id, cell_index):
-            data = msg.get("content", {}).get("data") or {}
-            if msg.get("msg_type") in ("display_data", "execute_result") and MIME in data:
-                text = data[MIME]  # capped here: the kernel's own cap could be patched away
-                if self.published is not None and isinstance(text, str) and len(text) <= MAX_BYTES:
-                    self.published.append(text)
-                return None  # never an output of the notebook
-            # Bounded here, in the runner (the kernel's own limits could be patched away): each
-            # message is counted as it arrives, against the cell's and the submission's caps,
-            # and what would go over is cut (a stream keeps its start) with one note per cell.
-            content = msg.get("content", {})
-            incoming = len(json.dumps(content))
-            # A figure (a PNG, as the inline backend shows plt.show()) has a budget of its own:
-            # the questions ask about the student's plots, and one is ~50-150 kB of base64.
-            figure = msg.get("msg_type") in ("display_data", "execute_result") and isinstance(
-                data.get("image/png"), str
-            )
-            key, limit = (
-                ((cell_index, "figures"), FIGURE_LIMIT) if figure else (cell_index, OUTPUT_LIMIT)
-            )
-            used = self.cell_bytes.get(key, 0)
-            room = min(limit - used, SUBMISSION_OUTPUT_LIMIT - self.total_bytes)
-            if incoming <= room:
-                self.cell_bytes[key] = used + incoming
-                self.total_bytes += incoming
-                return super().output(outs, msg, display_id, cell_index)
-            self.cell_bytes[key] = limit  # nothing more of this kind from this cell
-            if msg.get("msg_type") == "stream" and room > 1000:
-                content["text"] = str(content.get("text", ""))[: room - 1000]
-                self.total_bytes += room
-                super().output(outs, msg, display_id, cell_index)
-            whole = self.total_bytes >= SUBMISSION_OUTPUT_LIMIT - 1000
-            if whole and self.whole_noted or key in self.noted:
-                return None  # said once per cell, and once for the notebook
-            self.noted.add(key)
-            note = f"[grader] output truncated: over {limit:,} bytes in this cell"
-            if figure:
-                note = f"[grader] figure dropped: over {limit:,} bytes of figures in this cell"
-            if whole:
-                self.whole_noted = True
-                note = (
-                    f"[grader] output dropped, here and in every later cell: over "
-                    f"{SUBMISSION_OUTPUT_LIMIT:,} bytes in all"
-                )
-            outs.append(nbformat.v4.new_output("stream", name="stdout", text=note + "\n"))
-            outs[-1]["name"] = "grader"
-            return None
-
-        def process_message(self, msg, cell, cell_index):
-            """Every message from the kernel is the submission's to forge: keep only what the
-            caps can count, and drop what nbclient or nbformat would choke on."""
-            content = msg.get("content") if isinstance(msg, dict) else None
-            kind = msg.get("msg_type") if isinstance(msg, dict) else None
-            if not isinstance(content, dict) or not isinstance(kind, str):
-                return None
-            if kind == "update_display_data":
-                return None  # an update replaces an output in place, past the caps: never
-            if content.get("transient"):
-                content["transient"] = {}  # no display ids: nothing can be updated later
-            count = content.get("execution_count")
-            if count is not None and not (type(count) is int and 0 <= count < 10**9):
-                content["execution_count"] = None
-            if kind == "stream" and content.get("name") not in ("stdout", "stderr"):
-                content["name"] = "stdout"  # "grader" is the grader's own voice, not theirs
-            try:
-                return super().process_message(msg, cell, cell_index)
-            except CellExecutionComplete:
-                raise
-            except Exception:  # malformed (a wrong type, a missing key): dropped
-                return None
-
-        def create_kernel_manager(self):
-            # The connection file must be inside the kernel's file view and readable by its
-            # uid: the work folder (jupyter_client's default is a mkstemp in the host's /tmp).
-            km = super().create_kernel_manager()
-            km.connection_file = os.path.join(workdir, "connection.json")
-            return km
+    class Client(Guarded, NotebookClient):
+        pass
 
     workdir = job["workdir"]
     client = Client(
@@ -391,63 +304,54 @@ def _run(job: dict, emit, nb, probes: dict, timeout_output) -> None:
         interrupt_on_timeout=True,
         resources={"metadata": {"path": workdir}},
     )
-    client.cell_bytes, client.noted = {}, set()
+    client.cell_bytes, client.noted, client.work_folder = {}, set(), workdir
     dead = None
     # The kernel's own stdout and stderr go nowhere: it must hold no descriptor of ours.
     with client.setup_kernel(cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL):
         for index, cell in enumerate(nb.cells):
             if cell.cell_type != "code":
                 continue
-            probe = {"probe_error": dead, "data": None}
-            if dead is None:
-                try:
-                    if id(cell) in probes:
-                        probe = run_test_cell(client, cell, index, probes[id(cell)], timeout_output)
-                    else:
-                        client.timed_out = False
-                        client.execute_cell(cell, index)
-                        if client.timed_out:
-                            stopped_at_the_limit(client, cell)
-                except CellTimeoutError:
-                    cell.outputs.append(timeout_output())
-                except DeadKernelError as exc:
-                    dead = f"the kernel died ({exc})"
-                    probe = {"probe_error": dead, "data": None}
-            if id(cell) in probes:
-                if dead is not None and not cell.outputs:
-                    cell.outputs = [
-                        nbformat.v4.new_output(
-                            "error", ename="KernelDied", evalue=dead, traceback=[]
-                        )
-                    ]
-                cell.source = cells.without_hidden(cell.source)
-                emit({"grade_id": cell.metadata["nbgrader"]["grade_id"], **probe})
+            names = probes.get(id(cell))
+            probe, dead = _run_cell(client, cell, index, names, timeout_output, dead)
+            if names is not None:
+                _emit_probe(cell, probe, dead, emit)
     emit({"notebook": bounded(nb), "dead": dead})
 
 
-def bounded(nb):
-    """The executed notebook as it may leave: every cell's outputs valid nbformat, and all of
-    them within the caps, whatever got past the message filter (a backstop, not the rule)."""
+def _run_cell(client, cell, index: int, names, timeout_output, dead):
+    """One code cell (a test cell's probe piece by piece when ``names`` lists what it sends);
+    nothing once the kernel is dead. Returns (the probe's result, why the kernel died or None)."""
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
+
+    probe = {"probe_error": dead, "data": None}
+    if dead is not None:
+        return probe, dead
+    try:
+        if names is not None:
+            probe = run_test_cell(client, cell, index, names, timeout_output)
+        else:
+            client.timed_out = False
+            client.execute_cell(cell, index)
+            if client.timed_out:
+                stopped_at_the_limit(client, cell)
+    except CellTimeoutError:
+        cell.outputs.append(timeout_output())
+    except DeadKernelError as exc:
+        dead = f"the kernel died ({exc})"
+        probe = {"probe_error": dead, "data": None}
+    return probe, dead
+
+
+def _emit_probe(cell, probe: dict, dead, emit) -> None:
+    """A test cell's line to the grader; the cell keeps its visible probe (and says the kernel
+    died, when it did)."""
     import nbformat
 
-    total = 0
-    for cell in nb.cells:
-        if cell.cell_type != "code":
-            continue
-        if not isinstance(cell.get("execution_count"), (int, type(None))):
-            cell.execution_count = None
-        try:
-            nbformat.validate(nbformat.v4.new_notebook(cells=[cell]))
-            size = len(json.dumps(cell.get("outputs", [])))
-        except Exception:
-            size = None
-        total += size or 0
-        cap = 2 * OUTPUT_LIMIT + FIGURE_LIMIT  # a cell's text and its figures, with room
-        if size is None or size > cap or total > SUBMISSION_OUTPUT_LIMIT + 100_000:
-            note = "[grader] outputs removed: malformed, or over the caps"
-            cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=note + "\n")]
-            cell.outputs[0]["name"] = "grader"
-    return nb
+    if dead is not None and not cell.outputs:
+        error = nbformat.v4.new_output("error", ename="KernelDied", evalue=dead, traceback=[])
+        cell.outputs = [error]
+    cell.source = cells.without_hidden(cell.source)
+    emit({"grade_id": cell.metadata["nbgrader"]["grade_id"], **probe})
 
 
 def probe(uid: int) -> None:

@@ -1,10 +1,11 @@
 """A warm world whose ranks outlive each call: the pool behind ``helpers.interactive``.
 
 ``WorldPool`` is a launcher ``Pool`` (same rank server, handshake, ``[rank k]`` printer and
-hang diagnosis) whose ``call`` treats a rank's error (raised, or returned as
-``{"error": info}``) as an answer, not an end: the ranks keep their state for the next call. It raises ``Broken`` only when the ranks are in no known state
-(one blocked in a collective another will never join, a death, a timeout, an interrupt a rank
-in C++ cannot hear); the owner then replaces them. Introduced in lecture 01.
+hang diagnosis, output pump) whose ``call`` treats a rank's error (raised, or returned as
+``{"error": info}``) as an answer, not an end: the ranks keep their state for the next call. It
+raises ``Broken`` only when the ranks are in no known state (one blocked in a collective another
+will never join, a death, a timeout, an interrupt a rank in C++ cannot hear); the owner then
+replaces them. Introduced in lecture 01.
 """
 
 from __future__ import annotations
@@ -15,9 +16,8 @@ import pickle
 import signal
 import time
 
-from helpers.launcher._worker import end_marker
 from helpers.launcher.errors import RankDied, describe_exit
-from helpers.launcher.pool import Lines, Pool, Printer
+from helpers.launcher.pool import Pool, Task
 
 FAIL_GRACE = 1.0  # after a rank raised, how long another may sit in a collective before "stuck"
 INTERRUPT_GRACE = 3.0  # how long the ranks have to stop after the interrupt is forwarded
@@ -42,82 +42,59 @@ class WorldPool(Pool):
         """Send one call to every rank; return {rank: result}. Raises Broken when the ranks
         are in no known state (stuck, dead, hung, or deaf to an interrupt)."""
         __tracebackhide__ = True  # IPython shows the rank's traceback, not the machinery's
-        self.task_id += 1
-        tid, n = self.task_id, self.world_size
-        marker = end_marker(tid)
-        for conn in self.tasks:
-            conn.send(("task", tid, payload, opts))
-        printer, lines = Printer(output), Lines()
-        replies: dict[int, tuple] = {}
-        ended: set = set()
-        deadline = time.monotonic() + timeout if math.isfinite(timeout) else math.inf
-        failed_at = interrupted_at = None
+        task = self._send(payload, opts, output)
         interrupts = []
         # Our own SIGINT handler while we wait: an interrupt must not land inside a half-read
         # message, and it is forwarded to the ranks rather than ending the wait.
         previous = signal.signal(signal.SIGINT, lambda *_: interrupts.append(time.monotonic()))
         sel = self._selector()
         try:
-            while len(replies) < n or len(ended) < 2 * n:
-                now = time.monotonic()
-                if interrupts and interrupted_at is None:
-                    interrupted_at = now
-                    self._forward_interrupt(replies)
-                if interrupted_at is not None and (
-                    now - interrupted_at > INTERRUPT_GRACE or len(interrupts) > 1
-                ):
-                    raise Broken(self._deaf(replies))
-                if now > deadline:
-                    printer.finish()
-                    raise Broken(self._timeout(timeout, replies, printer))
-                if (
-                    failed_at is not None
-                    and interrupted_at is None
-                    and now - failed_at > FAIL_GRACE
-                ):
-                    failed_at = now
-                    stuck = self._stuck(replies)
-                    if stuck:
-                        raise Broken(self._error(replies, stuck))
-                self._pump(sel, tid, replies, ended, lines, printer, marker, deadline - now)
-                if failed_at is None and any(_failed(m) for m in replies.values()):
-                    failed_at = time.monotonic()
-                dead = [r for r, p in enumerate(self.procs) if p.poll() is not None]
-                if dead:
-                    self._drain(sel, lines, printer, marker)
-                    raise Broken(self._died(dead[0], replies))
+            interrupted = self._watch(sel, task, timeout, interrupts)
         finally:
             sel.close()
             signal.signal(signal.SIGINT, previous)
-            printer.finish()
-        if interrupted_at is not None:
+            task.printer.finish()
+        if interrupted:
             raise KeyboardInterrupt(
                 "interrupted on every rank; the world kept its variables"
             ) from None
-        if any(_failed(m) for m in replies.values()):
-            raise self._error(replies)
-        return {r: m[2] for r, m in replies.items()}
+        if any(_failed(m) for m in task.replies.values()):
+            raise self._error(task.replies)
+        return {r: m[2] for r, m in task.replies.items()}
 
-    def _pump(self, sel, tid, replies, ended, lines, printer, marker, left) -> None:
-        for key, _ in sel.select(min(0.1, max(0.0, left))):
-            kind, rank = key.data
-            if kind == "task":
-                msg = self._recv(rank)
-                if msg is None:
-                    sel.unregister(key.fd)
-                elif msg[1] == tid:  # an answer to this call (never a stale one)
-                    if msg[0] == "ok":
-                        msg = ("ok", tid, _load(msg[2]))
-                    replies[rank] = msg
-            else:
-                data = os.read(key.fd, 65536)
-                if not data:
-                    sel.unregister(key.fd)
-                    continue
-                got, seen = lines.feed((rank, kind), data, marker)
-                printer.lines(rank, kind, got)
-                if seen:
-                    ended.add((rank, kind))
+    def _watch(self, sel, task: Task, timeout: float, interrupts: list) -> bool:
+        """Pump until every rank answered the call and ended its output; True if it was
+        interrupted (and every rank stopped). Raises Broken as ``call`` says."""
+        deadline = time.monotonic() + timeout if math.isfinite(timeout) else math.inf
+        failed_at = interrupted_at = None
+        while not task.done(self.world_size):
+            now = time.monotonic()
+            if interrupts and interrupted_at is None:
+                interrupted_at = now
+                self._forward_interrupt(task.replies)
+            if interrupted_at is not None and (
+                now - interrupted_at > INTERRUPT_GRACE or len(interrupts) > 1
+            ):
+                raise Broken(self._deaf(task.replies))
+            if now > deadline:
+                task.printer.finish()
+                raise Broken(self._timeout(timeout, task.replies, task.printer))
+            if failed_at is not None and interrupted_at is None and now - failed_at > FAIL_GRACE:
+                failed_at = now
+                stuck = self._stuck(task.replies)
+                if stuck:
+                    raise Broken(self._error(task.replies, stuck))
+            for rank in self._pump(sel, task, deadline - now):
+                kind, tid, data = task.replies[rank][:3]
+                if kind == "ok":  # a value returned, maybe {"error": info}: _failed reads it
+                    task.replies[rank] = ("ok", tid, _load(data))
+            if failed_at is None and any(_failed(m) for m in task.replies.values()):
+                failed_at = time.monotonic()
+            dead = [r for r, p in enumerate(self.procs) if p.poll() is not None]
+            if dead:
+                self._drain(sel, task)
+                raise Broken(self._died(dead[0], task.replies))
+        return interrupted_at is not None
 
     def _snapshots(self, ranks) -> dict:
         """Where each of ``ranks`` is (its diag thread answers even inside C++)."""

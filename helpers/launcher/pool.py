@@ -96,6 +96,19 @@ class Printer:
         self.held = []
 
 
+class Task:
+    """One task in flight on the ranks: their replies, their output lines and end markers."""
+
+    def __init__(self, task_id: int, output: str):
+        self.task_id, self.marker = task_id, end_marker(task_id)
+        self.printer, self.lines = Printer(output), Lines()
+        self.replies: dict[int, tuple] = {}
+        self.ended: set = set()  # (rank, stream) whose end marker arrived
+
+    def done(self, world_size: int) -> bool:
+        return len(self.replies) == world_size and len(self.ended) == 2 * world_size
+
+
 class Pool:
     """N warm ranks sharing one process group, owned by the process that started them."""
 
@@ -239,97 +252,116 @@ class Pool:
             return None
 
     def run(self, payload: bytes, opts: dict, timeout: float, output: str) -> list:
+        """Run one task on every rank; return each rank's result, in rank order. Raises what
+        the first failure says: a rank's error, a death, or the timeout's diagnosis."""
+        task = self._send(payload, opts, output)
+        sel = self._selector()
+        try:
+            failed = self._wait(sel, task, timeout)
+            dead = self._lost(task)
+            if dead or failed:
+                self._drain(sel, task)
+        finally:
+            sel.close()
+        task.printer.finish()
+        if dead:
+            raise self._rank_died(dead[0], task, output)
+        errors = {r: m for r, m in task.replies.items() if m[0] == "error"}
+        if errors:
+            raise self._rank_error(errors)
+        self.dirty = any(m[-1] for m in task.replies.values())
+        return [pickle.loads(task.replies[r][2]) for r in range(self.world_size)]
+
+    def _send(self, payload: bytes, opts: dict, output: str) -> Task:
+        """Hand the next task to every rank; its state, to be pumped until every rank ends it."""
         self.task_id += 1
-        marker = end_marker(self.task_id)
         for conn in self.tasks:
             conn.send(("task", self.task_id, payload, opts))
-        printer, lines = Printer(output), Lines()
-        replies: dict[int, tuple] = {}
-        ended = set()  # (rank, stream) whose end marker arrived
-        first_failure = None
+        return Task(self.task_id, output)
+
+    def _pump(self, sel, task: Task, wait: float) -> list[int]:
+        """Wait up to ``wait`` s (0.1 at most) for the ranks: print the lines that arrived, keep
+        the replies to ``task`` (never a stale one). Returns the ranks whose reply arrived."""
+        arrived = []
+        for key, _ in sel.select(min(0.1, max(0.0, wait))):
+            kind, rank = key.data
+            if kind == "task":
+                msg = self._recv(rank)
+                if msg is None:
+                    sel.unregister(key.fd)
+                elif msg[1] == task.task_id:
+                    task.replies[rank] = msg
+                    arrived.append(rank)
+                continue
+            data = os.read(key.fd, 65536)
+            if not data:
+                sel.unregister(key.fd)
+                continue
+            got, seen = task.lines.feed((rank, kind), data, task.marker)
+            task.printer.lines(rank, kind, got)
+            if seen:
+                task.ended.add((rank, kind))
+        return arrived
+
+    def _lost(self, task: Task) -> list[int]:
+        """The ranks that exited without answering ``task``."""
+        procs = enumerate(self.procs)
+        return [r for r, p in procs if r not in task.replies and p.poll() is not None]
+
+    def _wait(self, sel, task: Task, timeout: float) -> bool:
+        """Pump until every rank answered and ended its output, or until FAIL_GRACE after the
+        first failure (an error or a death: True then). Raises the diagnosis at ``timeout``."""
         start = time.monotonic()
         deadline = start + timeout if math.isfinite(timeout) else math.inf
         # Halfway to the timeout, say so once: a student waiting on a silent cell learns that
         # the ranks may be stuck, and that the diagnosis comes at the deadline.
         notice = start + timeout / 2 if timeout >= 2 * WAIT_NOTICE_S else math.inf
-        sel = self._selector()
-        try:
-            while True:
-                done = len(replies) == self.world_size and len(ended) == 2 * self.world_size
-                if done:
-                    break
-                now = time.monotonic()
-                if now > notice:
-                    notice = math.inf
-                    waiting = [r for r in range(self.world_size) if r not in replies]
-                    print(
-                        f"[launch] still waiting for rank{'s' if len(waiting) > 1 else ''} "
-                        f"{', '.join(map(str, waiting))} after {now - start:.0f} s of the "
-                        f"{timeout:g} s timeout; if they are stuck, the launcher says where "
-                        "each one waits when it ends",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                if first_failure is not None and now - first_failure > FAIL_GRACE:
-                    break
-                if now > deadline:
-                    printer.finish()
-                    raise self._timeout(timeout, replies, printer)
-                for key, _ in sel.select(min(0.1, max(0.0, deadline - now))):
-                    kind, rank = key.data
-                    if kind == "task":
-                        msg = self._recv(rank)
-                        if msg is None:
-                            sel.unregister(key.fd)
-                            continue
-                        replies[rank] = msg
-                        if msg[0] == "error" and first_failure is None:
-                            first_failure = time.monotonic()
-                    else:
-                        data = os.read(key.fd, 65536)
-                        if not data:
-                            sel.unregister(key.fd)
-                            continue
-                        got, seen = lines.feed((rank, kind), data, marker)
-                        printer.lines(rank, kind, got)
-                        if seen:
-                            ended.add((rank, kind))
-                for rank, proc in enumerate(self.procs):
-                    if rank not in replies and proc.poll() is not None and first_failure is None:
-                        first_failure = time.monotonic()
-            dead = [
-                r for r, p in enumerate(self.procs) if r not in replies and p.poll() is not None
-            ]
-            if dead or first_failure is not None:
-                self._drain(sel, lines, printer, marker)
-        finally:
-            sel.close()
-        printer.finish()
-        if dead:
-            rank = dead[0]
-            shown = output in ("live", "grouped") or (output == "rank0" and rank == 0)
-            tail = "" if shown else "\n".join(printer.tail.get(rank, [])[-20:])
-            others = [r for r, m in replies.items() if m[0] == "error"]
-            raise RankDied(
-                f"rank {rank} of {self.world_size} died ({describe_exit(self.procs[rank].returncode)})"
-                " without returning or raising"
-                + (
-                    f"; {diagnose._ranks(others)} then raised (likely because of it)"
-                    if others
-                    else ""
-                )
-                + ". All ranks were stopped."
-                + (f"\nIts last stderr lines:\n{tail}" if tail else ""),
-                rank,
-                self.procs[rank].returncode,
-            )
-        errors = {r: m for r, m in replies.items() if m[0] == "error"}
-        if errors:
-            raise self._rank_error(errors)
-        self.dirty = any(m[-1] for m in replies.values())
-        return [pickle.loads(replies[r][2]) for r in range(self.world_size)]
+        first_failure = None
+        while not task.done(self.world_size):
+            now = time.monotonic()
+            if now > notice:
+                notice = math.inf
+                self._still_waiting(task, now - start, timeout)
+            if first_failure is not None and now - first_failure > FAIL_GRACE:
+                break
+            if now > deadline:
+                task.printer.finish()
+                raise self._timeout(timeout, task.replies, task.printer)
+            arrived = self._pump(sel, task, deadline - now)
+            errors = any(task.replies[r][0] == "error" for r in arrived)
+            if first_failure is None and (errors or self._lost(task)):
+                first_failure = time.monotonic()
+        return first_failure is not None
 
-    def _drain(self, sel, lines, printer, marker) -> None:
+    def _still_waiting(self, task: Task, waited: float, timeout: float) -> None:
+        waiting = [r for r in range(self.world_size) if r not in task.replies]
+        print(
+            f"[launch] still waiting for rank{'s' if len(waiting) > 1 else ''} "
+            f"{', '.join(map(str, waiting))} after {waited:.0f} s of the "
+            f"{timeout:g} s timeout; if they are stuck, the launcher says where "
+            "each one waits when it ends",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def _rank_died(self, rank: int, task: Task, output: str) -> RankDied:
+        """A rank that died without answering: how, who raised after it, its last stderr lines
+        (when the cell did not show them already)."""
+        shown = output in ("live", "grouped") or (output == "rank0" and rank == 0)
+        tail = "" if shown else "\n".join(task.printer.tail.get(rank, [])[-20:])
+        others = [r for r, m in task.replies.items() if m[0] == "error"]
+        code = self.procs[rank].returncode
+        return RankDied(
+            f"rank {rank} of {self.world_size} died ({describe_exit(code)})"
+            " without returning or raising"
+            + (f"; {diagnose._ranks(others)} then raised (likely because of it)" if others else "")
+            + ". All ranks were stopped."
+            + (f"\nIts last stderr lines:\n{tail}" if tail else ""),
+            rank,
+            code,
+        )
+
+    def _drain(self, sel, task: Task) -> None:
         """Read what the ranks already wrote (a dying rank's last words) without waiting long."""
         end = time.monotonic() + 0.3
         while time.monotonic() < end:
@@ -344,9 +376,10 @@ class Pool:
                 if not data:
                     sel.unregister(key.fd)
                     continue
-                printer.lines(rank, kind, lines.feed((rank, kind), data, marker)[0])
-        for rank, kind in list(lines.buf):
-            printer.lines(rank, kind, lines.rest((rank, kind)))
+                got, _ = task.lines.feed((rank, kind), data, task.marker)
+                task.printer.lines(rank, kind, got)
+        for rank, kind in list(task.lines.buf):
+            task.printer.lines(rank, kind, task.lines.rest((rank, kind)))
 
     def _rank_error(self, errors: dict) -> Exception:
         import cloudpickle

@@ -18,12 +18,15 @@ import contextlib
 import math
 import time
 
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
 
 def epoch_batches(n_samples: int, global_batch: int, epoch: int, seed: int) -> list:
     """The global batches of one epoch: a permutation seeded by (seed, epoch), cut into whole
-    batches of ``global_batch`` (the last, partial one dropped, so every step has the same size)."""
-    import torch
-
+    batches of ``global_batch`` (the last, partial one dropped: every step has the same size)."""
     if not 1 <= global_batch <= n_samples:
         raise ValueError(
             f"a global batch of {global_batch} needs between 1 and {n_samples} samples per "
@@ -49,9 +52,6 @@ def my_micro_batches(batch, micro: int, k: int, rank: int = 0, world_size: int =
 
 def evaluate(model, dataset, device=None, batch: int = 1024) -> dict:
     """Mean cross-entropy and accuracy of ``model`` on a whole TensorDataset."""
-    import torch
-    from torch import nn
-
     x, y = dataset.tensors
     loss, correct = 0.0, 0
     with torch.no_grad():
@@ -64,8 +64,6 @@ def evaluate(model, dataset, device=None, batch: int = 1024) -> dict:
 
 
 def _world() -> tuple[int, int]:
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
@@ -92,10 +90,10 @@ def train(
     ``lr_at(step)`` sets the learning rate of every parameter group before each step (a
     schedule); ``make_optimizer(params)`` builds the optimizer. Returns (identical on every
     rank) one row per epoch — train loss (mean over the epoch's steps), test loss and accuracy,
-    train accuracy at the end of the epoch,
-    the learning rate of the last step — plus ``losses`` (every step's loss on the global
-    batch), ``steps``, ``diverged`` (a non-finite loss
-    stops the run at the end of its epoch: nothing after it would mean anything) and ``state``, the final parameters.
+    train accuracy at the end of the epoch, the learning rate of the last step — plus ``losses``
+    (every step's loss on the global batch), ``steps``, ``diverged`` (a non-finite loss stops
+    the run at the end of its epoch: nothing after it would mean anything) and ``state``, the
+    final parameters.
     ``max_steps`` stops early (the equivalence checks compare a few steps); ``test_set=None``
     skips the evaluation (a timed epoch times training only); ``on_model(model)`` is called
     on the DDP-wrapped model before training (to register a CommRecorder, say). ``device``:
@@ -104,90 +102,110 @@ def train(
     included), synchronised on a GPU. ``stop_below``: stop after the first epoch whose training
     loss is below it (time to a target loss, lab 06).
     """
-    import torch
-    import torch.distributed as dist
-    from torch import nn
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    rank, world_size = _world()
+    _, world_size = _world()
     torch.manual_seed(seed)  # the same initial weights on every rank and in the 1-process run
     net = build().to(device or "cpu")
     model = DDP(net) if world_size > 1 else net
     if on_model is not None:
         on_model(model)
-    opt = make_optimizer(model.parameters())
-    x, y = (t.to(device or "cpu") for t in train_set.tensors)
-    cuda = torch.device(device or "cpu").type == "cuda"
-    rows, step, diverged, curve = [], 0, False, []
+    data = [t.to(device or "cpu") for t in train_set.tensors]
+    plan = (global_batch, micro, k)
+    run = _Steps(net, model, make_optimizer(model.parameters()), data, plan, lr_at, seed)
+    rows, curve, diverged = [], [], False
     for epoch in range(epochs):
-        losses, start = [], time.perf_counter()
-        for batch in epoch_batches(len(y), global_batch, epoch, seed):
-            lr = lr_at(step)
-            for group in opt.param_groups:
-                group["lr"] = lr
-            opt.zero_grad()
-            step_loss = 0.0
-            parts = my_micro_batches(batch, micro, k, rank, world_size)
-            for j, idx in enumerate(parts):
-                # only the last micro-batch's backward all-reduces (the others accumulate)
-                last = j == len(parts) - 1
-                sync = contextlib.nullcontext() if last or world_size == 1 else model.no_sync()
-                with sync:
-                    loss = nn.functional.cross_entropy(model(x[idx]), y[idx]) / k
-                    loss.backward()
-                step_loss += loss.item()
-            opt.step()
-            step += 1
-            losses.append(step_loss)
-            # (a non-finite loss is acted on at the epoch's end, by every rank together: a rank
-            # that stopped here alone would leave the others waiting in the next all-reduce)
-            if max_steps is not None and step >= max_steps:
-                break
-        if cuda:
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - start
-        # the loss of the whole global batch: the mean over ranks of their micro-batch means
-        mean = torch.tensor(
-            [sum(losses) / max(len(losses), 1)], dtype=torch.float64, device=x.device
-        )
-        if world_size > 1:
-            dist.all_reduce(mean)
-        rows.append(
-            {
-                "epoch": epoch + 1,
-                "steps": step,
-                "train loss": mean.item() / world_size,
-                "lr": lr,
-                "seconds": seconds,
-            }
-        )
-        if test_set is not None:
-            rows[-1].update(
-                {f"test {key}": v for key, v in evaluate(net, test_set, x.device).items()}
-            )
-            # accuracy on the training set too: under-fitting and a generalisation gap look alike
-            rows[-1]["train accuracy"] = evaluate(net, train_set, x.device)["accuracy"]
+        losses, seconds = run.epoch(epoch, max_steps)
+        rows.append(run.row(epoch, losses, seconds, train_set, test_set))
         curve += losses
         diverged = not math.isfinite(rows[-1]["train loss"])
-        if diverged or max_steps is not None and step >= max_steps:
+        if diverged or max_steps is not None and run.step >= max_steps:
             break
         if stop_below is not None and rows[-1]["train loss"] < stop_below:
             break
     state = {name: p.detach().clone() for name, p in net.named_parameters()}
-    curve = torch.tensor(
-        curve, dtype=torch.float64, device=x.device
-    )  # each step's loss on this rank's share
-    if world_size > 1:
-        dist.all_reduce(curve)  # once, at the end: no extra communication inside the steps
-    losses = (curve / world_size).tolist()
-    return {"epochs": rows, "steps": step, "diverged": diverged, "state": state, "losses": losses}
+    losses = run.global_losses(curve)
+    return {
+        "epochs": rows,
+        "steps": run.step,
+        "diverged": diverged,
+        "state": state,
+        "losses": losses,
+    }
+
+
+class _Steps:
+    """``train``'s steps on this rank: the model (DDP-wrapped on several ranks), its optimizer,
+    the training data on the device, the plan (global batch, micro-batch, k) and the schedule."""
+
+    def __init__(self, net, model, opt, data: list, plan: tuple[int, int, int], lr_at, seed: int):
+        self.net, self.model, self.opt = net, model, opt
+        self.x, self.y = data
+        self.global_batch, self.micro, self.k = plan
+        self.lr_at, self.seed = lr_at, seed
+        self.rank, self.world_size = _world()
+        self.step, self.lr = 0, None  # steps taken, and the last one's learning rate
+
+    def epoch(self, epoch: int, max_steps: int | None) -> tuple[list[float], float]:
+        """One epoch's steps (until ``max_steps`` in all): each one's loss on this rank's share,
+        and the seconds they took (synchronised on a GPU)."""
+        losses, start = [], time.perf_counter()
+        for batch in epoch_batches(len(self.y), self.global_batch, epoch, self.seed):
+            losses.append(self.take(batch))
+            # (a non-finite loss is acted on at the epoch's end, by every rank together: a rank
+            # that stopped here alone would leave the others waiting in the next all-reduce)
+            if max_steps is not None and self.step >= max_steps:
+                break
+        if self.x.device.type == "cuda":
+            torch.cuda.synchronize()
+        return losses, time.perf_counter() - start
+
+    def take(self, batch) -> float:
+        """One step on the global ``batch``: this rank's k micro-batches, their gradients
+        accumulated and all-reduced once. Returns this rank's share of the step's loss."""
+        self.lr = self.lr_at(self.step)
+        for group in self.opt.param_groups:
+            group["lr"] = self.lr
+        self.opt.zero_grad()
+        step_loss = 0.0
+        parts = my_micro_batches(batch, self.micro, self.k, self.rank, self.world_size)
+        for j, idx in enumerate(parts):
+            # only the last micro-batch's backward all-reduces (the others accumulate)
+            last = j == len(parts) - 1
+            alone = last or self.world_size == 1
+            with contextlib.nullcontext() if alone else self.model.no_sync():
+                loss = nn.functional.cross_entropy(self.model(self.x[idx]), self.y[idx]) / self.k
+                loss.backward()
+            step_loss += loss.item()
+        self.opt.step()
+        self.step += 1
+        return step_loss
+
+    def row(self, epoch: int, losses: list, seconds: float, train_set, test_set) -> dict:
+        """The epoch's row, the same on every rank (its training loss all-reduced)."""
+        # the loss of the whole global batch: the mean over ranks of their micro-batch means
+        mean = torch.tensor(
+            [sum(losses) / max(len(losses), 1)], dtype=torch.float64, device=self.x.device
+        )
+        if self.world_size > 1:
+            dist.all_reduce(mean)
+        row = {"epoch": epoch + 1, "steps": self.step, "train loss": mean.item() / self.world_size}
+        row.update({"lr": self.lr, "seconds": seconds})
+        if test_set is not None:
+            tested = evaluate(self.net, test_set, self.x.device)
+            row.update({f"test {key}": v for key, v in tested.items()})
+            # accuracy on the training set too: under-fitting and a generalisation gap look alike
+            row["train accuracy"] = evaluate(self.net, train_set, self.x.device)["accuracy"]
+        return row
+
+    def global_losses(self, curve: list) -> list:
+        """Every step's loss on the global batch, from each rank's share (``curve``)."""
+        curve = torch.tensor(curve, dtype=torch.float64, device=self.x.device)
+        if self.world_size > 1:
+            dist.all_reduce(curve)  # once, at the end: no extra communication inside the steps
+        return (curve / self.world_size).tolist()
 
 
 def epoch_seconds(build, train_set, global_batch: int, micro: int, k: int, seed: int = 0) -> float:
     """Wall-clock seconds of one training epoch (plain SGD) at this plan, the slowest rank's."""
-    import torch
-    import torch.distributed as dist
-
     _, world_size = _world()
     if world_size > 1:
         dist.barrier()

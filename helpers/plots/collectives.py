@@ -83,10 +83,6 @@ def alpha_beta(records: list[dict], fits: dict | None = None):
     worlds are drawn hollow and named so. Returns the two Axes.
     """
     import matplotlib.pyplot as plt
-    import numpy as np
-
-    from helpers.measure.bandwidth import bus_factor, ring_steps
-    from helpers.measure.findings import R2_FLOOR
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     series = defaultdict(list)
@@ -94,62 +90,67 @@ def alpha_beta(records: list[dict], fits: dict | None = None):
         series[(r["op"], r["world_size"])].append(r)
     for (op, n), rs in sorted(series.items()):
         rs = sorted(rs, key=lambda r: r["bytes"])
-        s = np.array([r["bytes"] for r in rs], dtype=float)
-        t = np.array([r["seconds"] for r in rs])
-        lo = np.array([r.get("min_s", r["seconds"]) for r in rs])
-        hi = np.array([r.get("max_s", r["seconds"]) for r in rs])
-        over = any(r.get("oversubscribed") for r in rs)
-        label = f"{op}, n={n}" + (" (oversubscribed: not n devices)" if over else "")
-        face = "none" if over else None
-        bar = left.errorbar(
-            s,
-            t * 1e3,
-            yerr=[(t - lo) * 1e3, (hi - t) * 1e3],
-            fmt="o",
-            mfc=face,
-            capsize=2,
-            markersize=4,
-            label=label,
-        )
-        color = bar[0].get_color()
-        factor = bus_factor(op, n)
-        right.errorbar(
-            s,
-            factor * s / t / 1e9,
-            yerr=[factor * s * (1 / t - 1 / hi) / 1e9, factor * s * (1 / lo - 1 / t) / 1e9],
-            fmt="o",
-            mfc=face,
-            color=color,
-            capsize=2,
-            markersize=4,
-            label=label,
-        )
+        sizes, color = _measured(left, right, op, n, rs)
         fit = (fits or {}).get((op, n))
-        if fit is None:
-            continue
-        grid = np.geomspace(s.min(), s.max(), 60)
-        steps = ring_steps(op, n)
-        left.plot(grid, fit.predict(grid) * 1e3, "--", color=color, linewidth=1)
-        if fit.r2 < R2_FLOOR:  # the points do not follow the model: it measured no α and no B
-            left.plot([], [], "--", color=color, label=f"n={n}: fit R² = {fit.r2:.3f}, no α or B")
-            continue
-        left.plot(grid, np.full_like(grid, fit.alpha * 1e3), ":", color=color, linewidth=1)
-        left.plot(grid, grid / fit.beta * 1e3, ":", color=color, linewidth=1)
-        left.annotate(
-            f"latency 2(n−1)α = {steps}α = {fit.alpha * 1e3:.2f} ms",
-            (grid[0], fit.alpha * 1e3),
-            fontsize=7,
-            color=color,
-            va="bottom",
-        )
-        right.plot(grid, factor * grid / fit.predict(grid) / 1e9, "--", color=color, linewidth=1)
-        right.axhline(
-            fit.busbw_gbps,
-            color=color,
-            linestyle=":",
-            linewidth=1,
-            label=f"n={n}: fit's limit B = {fit.busbw_gbps:.2f} GB/s",
-        )
+        if fit is not None:
+            _fitted(left, right, op, n, sizes, color, fit)
+    _alpha_beta_axes(left, right, records)
+    fig.tight_layout()
+    return left, right
+
+
+def _measured(left, right, op: str, n: int, rs: list[dict]):
+    """One series' medians with min–max bars: time on the left, busbw on the right (hollow when
+    oversubscribed). Returns its sizes and its colour."""
+    import numpy as np
+
+    from helpers.measure.bandwidth import bus_factor
+
+    s = np.array([r["bytes"] for r in rs], dtype=float)
+    t = np.array([r["seconds"] for r in rs])
+    lo = np.array([r.get("min_s", r["seconds"]) for r in rs])
+    hi = np.array([r.get("max_s", r["seconds"]) for r in rs])
+    over = any(r.get("oversubscribed") for r in rs)
+    label = f"{op}, n={n}" + (" (oversubscribed: not n devices)" if over else "")
+    style = {"fmt": "o", "mfc": "none" if over else None, "capsize": 2, "markersize": 4}
+    bar = left.errorbar(s, t * 1e3, yerr=[(t - lo) * 1e3, (hi - t) * 1e3], label=label, **style)
+    color = bar[0].get_color()
+    factor = bus_factor(op, n)
+    spread = [factor * s * (1 / t - 1 / hi) / 1e9, factor * s * (1 / lo - 1 / t) / 1e9]
+    right.errorbar(s, factor * s / t / 1e9, yerr=spread, color=color, label=label, **style)
+    return s, color
+
+
+def _fitted(left, right, op: str, n: int, s, color, fit) -> None:
+    """One series' α-β fit, dashed; its two ring terms (dotted) and its limit B, unless the fit
+    is under the R² floor (then it measured neither, and its label says its R²)."""
+    import numpy as np
+
+    from helpers.measure.bandwidth import bus_factor, ring_steps
+    from helpers.measure.findings import R2_FLOOR
+
+    grid = np.geomspace(s.min(), s.max(), 60)
+    left.plot(grid, fit.predict(grid) * 1e3, "--", color=color, linewidth=1)
+    if fit.r2 < R2_FLOOR:  # the points do not follow the model: it measured no α and no B
+        left.plot([], [], "--", color=color, label=f"n={n}: fit R² = {fit.r2:.3f}, no α or B")
+        return
+    left.plot(grid, np.full_like(grid, fit.alpha * 1e3), ":", color=color, linewidth=1)
+    left.plot(grid, grid / fit.beta * 1e3, ":", color=color, linewidth=1)
+    left.annotate(
+        f"latency 2(n−1)α = {ring_steps(op, n)}α = {fit.alpha * 1e3:.2f} ms",
+        (grid[0], fit.alpha * 1e3),
+        fontsize=7,
+        color=color,
+        va="bottom",
+    )
+    busbw = bus_factor(op, n) * grid / fit.predict(grid) / 1e9
+    right.plot(grid, busbw, "--", color=color, linewidth=1)
+    limit = f"n={n}: fit's limit B = {fit.busbw_gbps:.2f} GB/s"
+    right.axhline(fit.busbw_gbps, color=color, linestyle=":", linewidth=1, label=limit)
+
+
+def _alpha_beta_axes(left, right, records: list[dict]) -> None:
+    """The two panels' scales, limits, labels and legends."""
     for ax in (left, right):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -163,8 +164,6 @@ def alpha_beta(records: list[dict], fits: dict | None = None):
     right.set_title("busbw = algbw × 2(n−1)/n; dotted: its limit B", fontsize=9)
     left.legend(fontsize=7, loc="upper left")
     right.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    return left, right
 
 
 def busbw(records: list[dict], fits: dict | None = None, ax=None):

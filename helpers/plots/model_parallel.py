@@ -104,6 +104,58 @@ def _batch(ax, x, y, pieces, width=2.4, text=""):
     ax.text(x + width / 2, y - 0.35, text, ha="center", va="center", fontsize=7)
 
 
+_UP, _DOWN = 0.12, -0.12  # where an arrow's text goes: over it or under it
+# strategies' panels: name, each rank's layers (as _layers' held), its batch's pieces and
+# text, the arrows between the ranks (style, y, text, side) and the note under the panel
+_STRATEGIES = (
+    (
+        "Data parallel",
+        [[1] * 4, [1] * 4],
+        (1, 1),
+        ("half the batch", "the other half"),
+        [("<->", 2.85, "all-reduce all\ngradients, once\nper step, after\nbackward", _UP)],
+        "each rank: the whole model,\nits share of the batch",
+    ),
+    (
+        "Model parallel (naive)",
+        [[1, 1, 0, 0], [0, 0, 1, 1]],
+        (1, 0),
+        ("the batch", ""),
+        [
+            ("->", 3.2, "activations\n(forward)", _UP),
+            ("<-", 2.5, "their gradients\n(backward)", _DOWN),
+        ],
+        "each rank: some layers;\nonly one rank works at a time",
+    ),
+    (
+        "Pipeline parallel",
+        [[1, 1, 0, 0], [0, 0, 1, 1]],
+        (4, 0),
+        ("4 micro-batches", ""),
+        [
+            ("->", 3.2, "activations,\nper micro-batch", _UP),
+            ("<-", 2.5, "gradients,\nper micro-batch", _DOWN),
+        ],
+        "each rank: some layers; micro-batches\nkeep both ranks busy (mostly)",
+    ),
+    (
+        "Tensor parallel",
+        [["left"] * 4, ["right"] * 4],
+        (1, 1),
+        ("the same batch", "the same batch"),
+        [
+            (
+                "<->",
+                2.85,
+                "all-reduce\nactivations in\nevery MLP: once\nforward, once\nbackward",
+                _UP,
+            )
+        ],
+        "each rank: half of every weight\nmatrix; the same samples",
+    ),
+)
+
+
 def strategies(axes=None):
     """Lecture 04: the four ways to split training over 2 ranks, one panel each.
 
@@ -115,82 +167,32 @@ def strategies(axes=None):
 
     if axes is None:
         _, axes = plt.subplots(1, 4, figsize=(15, 4.2))
-    a, b, w = 0.4, 6.2, 2.4  # x of rank 0's and rank 1's columns, their width
-    up, down = 0.12, -0.12  # where an arrow's text goes: over it or under it
-    panels = [
-        (
-            "Data parallel",
-            [[1] * 4, [1] * 4],
-            (1, 1),
-            ("half the batch", "the other half"),
-            [("<->", 2.85, "all-reduce all\ngradients, once\nper step, after\nbackward", up)],
-            "each rank: the whole model,\nits share of the batch",
-        ),
-        (
-            "Model parallel (naive)",
-            [[1, 1, 0, 0], [0, 0, 1, 1]],
-            (1, 0),
-            ("the batch", ""),
-            [
-                ("->", 3.2, "activations\n(forward)", up),
-                ("<-", 2.5, "their gradients\n(backward)", down),
-            ],
-            "each rank: some layers;\nonly one rank works at a time",
-        ),
-        (
-            "Pipeline parallel",
-            [[1, 1, 0, 0], [0, 0, 1, 1]],
-            (4, 0),
-            ("4 micro-batches", ""),
-            [
-                ("->", 3.2, "activations,\nper micro-batch", up),
-                ("<-", 2.5, "gradients,\nper micro-batch", down),
-            ],
-            "each rank: some layers; micro-batches\nkeep both ranks busy (mostly)",
-        ),
-        (
-            "Tensor parallel",
-            [["left"] * 4, ["right"] * 4],
-            (1, 1),
-            ("the same batch", "the same batch"),
-            [
-                (
-                    "<->",
-                    2.85,
-                    "all-reduce\nactivations in\nevery MLP: once\nforward, once\nbackward",
-                    up,
-                )
-            ],
-            "each rank: half of every weight\nmatrix; the same samples",
-        ),
-    ]
-    for ax, (name, held, pieces, texts, arrows, note) in zip(axes, panels, strict=True):
-        for x, h, n, t, r in zip((a, b), held, pieces, texts, (0, 1), strict=True):
-            _layers(ax, x, 1.2, h, width=w, label=f"rank {r}", names_right=r == 1)
-            if n:
-                _batch(ax, x, 0.1, n, width=w, text=t)
-        for style, y, text, side in arrows:
-            ax.annotate(
-                "",
-                xy=(b - 0.1, y),
-                xytext=(a + w + 0.1, y),
-                arrowprops={"arrowstyle": style, "color": "tab:red", "lw": 1.5},
-            )
-            ax.text(
-                (a + w + b) / 2,
-                y + side,
-                text,
-                ha="center",
-                fontsize=7,
-                color="tab:red",
-                va="bottom" if side > 0 else "top",
-            )
-        ax.text((a + b + w) / 2, -1.0, note, ha="center", va="center", fontsize=8)
-        ax.set_xlim(-0.4, b + w + 0.6)
-        ax.set_ylim(-1.6, 5.6)
-        ax.set_axis_off()
-        ax.set_title(name, fontsize=10)
+    for ax, panel in zip(axes, _STRATEGIES, strict=True):
+        _strategy(ax, *panel)
     return axes
+
+
+def _strategy(ax, name: str, held, pieces, texts, arrows, note: str) -> None:
+    """One panel of ``strategies``: the two ranks' columns, the arrows between them, the note."""
+    a, b, w = 0.4, 6.2, 2.4  # x of rank 0's and rank 1's columns, their width
+    for x, h, n, t, r in zip((a, b), held, pieces, texts, (0, 1), strict=True):
+        _layers(ax, x, 1.2, h, width=w, label=f"rank {r}", names_right=r == 1)
+        if n:
+            _batch(ax, x, 0.1, n, width=w, text=t)
+    for style, y, text, side in arrows:
+        ax.annotate(
+            "",
+            xy=(b - 0.1, y),
+            xytext=(a + w + 0.1, y),
+            arrowprops={"arrowstyle": style, "color": "tab:red", "lw": 1.5},
+        )
+        va = "bottom" if side > 0 else "top"
+        ax.text((a + w + b) / 2, y + side, text, ha="center", fontsize=7, color="tab:red", va=va)
+    ax.text((a + b + w) / 2, -1.0, note, ha="center", va="center", fontsize=8)
+    ax.set_xlim(-0.4, b + w + 0.6)
+    ax.set_ylim(-1.6, 5.6)
+    ax.set_axis_off()
+    ax.set_title(name, fontsize=10)
 
 
 def mesh(shape: tuple, names: tuple, ax=None):
@@ -201,7 +203,6 @@ def mesh(shape: tuple, names: tuple, ax=None):
     ("pp", "dp", "tp")): one grid per index of the first dim, side by side, joined by arrows
     (pipeline stages pass activations to the next grid's rank in the same place).
     """
-    import matplotlib.pyplot as plt
     import numpy as np
 
     if len(shape) not in (2, 3) or len(names) != len(shape):
@@ -212,64 +213,17 @@ def mesh(shape: tuple, names: tuple, ax=None):
     ax = _axes(ax, figsize=(1.6 + 1.9 * cols * len(blocks), 0.9 + 1.1 * rows))
     gap = cols + 1.2
     for k, block in enumerate(blocks):
-        x0 = k * gap
-        for i in range(rows):
-            for j in range(cols):
-                y = rows - 1 - i
-                ax.add_patch(
-                    plt.Rectangle(
-                        (x0 + j + 0.1, y + 0.1), 0.8, 0.8, color="tab:gray", alpha=0.8, gid="rank"
-                    )
-                )
-                ax.text(
-                    x0 + j + 0.5,
-                    y + 0.5,
-                    f"rank {block[i, j]}",
-                    ha="center",
-                    va="center",
-                    color="w",
-                    fontsize=8,
-                )
-            ax.add_patch(
-                plt.Rectangle(
-                    (x0 + 0.03, rows - 1 - i + 0.03),
-                    cols - 0.06,
-                    0.94,
-                    fill=False,
-                    edgecolor="tab:blue",
-                    lw=1.5,
-                )
-            )
-        for j in range(cols):
-            ax.add_patch(
-                plt.Rectangle(
-                    (x0 + j + 0.06, 0.0),
-                    0.88,
-                    rows,
-                    fill=False,
-                    edgecolor="tab:orange",
-                    lw=1.5,
-                    linestyle="--",
-                )
-            )
+        _mesh_block(ax, block, k * gap)
         if len(blocks) > 1:
-            ax.text(x0 + cols / 2, rows + 0.15, f"{names[0]} = {k}", ha="center", fontsize=9)
-            if k:
-                ax.annotate(
-                    "",
-                    xy=(x0 - 0.05, rows / 2),
-                    xytext=(x0 - 1.15, rows / 2),
-                    arrowprops={"arrowstyle": "->", "color": "tab:green", "lw": 1.5},
-                )
-    handles = [
-        plt.Line2D([], [], color="tab:blue", lw=1.5),
-        plt.Line2D([], [], color="tab:orange", lw=1.5, linestyle="--"),
-    ]
-    labels = [f"a {names[-1]} group (one row)", f"a {names[-2]} group (one column)"]
-    if len(blocks) > 1:
-        handles.append(plt.Line2D([], [], color="tab:green", lw=1.5))
-        labels.append(f"{names[0]}: send/recv to the next stage")
-    ax.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+            ax.text(k * gap + cols / 2, rows + 0.15, f"{names[0]} = {k}", ha="center", fontsize=9)
+        if k:  # a pipeline stage passes its activations on to the next grid
+            ax.annotate(
+                "",
+                xy=(k * gap - 0.05, rows / 2),
+                xytext=(k * gap - 1.15, rows / 2),
+                arrowprops={"arrowstyle": "->", "color": "tab:green", "lw": 1.5},
+            )
+    _mesh_legend(ax, names, stages=len(blocks) > 1)
     ax.set_xlim(-0.2, len(blocks) * gap - 1.0)
     ax.set_ylim(-0.2, rows + 0.6)
     ax.set_aspect("equal")
@@ -278,3 +232,39 @@ def mesh(shape: tuple, names: tuple, ax=None):
         f"init_device_mesh(shape={tuple(shape)}, mesh_dim_names={tuple(names)})", fontsize=9
     )
     return ax
+
+
+def _mesh_block(ax, block, x0: float) -> None:
+    """One grid of ``mesh`` at x = ``x0``: a box per rank, each row's group framed in blue and
+    each column's in dashed orange."""
+    import matplotlib.pyplot as plt
+
+    rows, cols = block.shape
+    for i in range(rows):
+        y = rows - 1 - i
+        for j in range(cols):
+            box = plt.Rectangle((x0 + j + 0.1, y + 0.1), 0.8, 0.8, color="tab:gray", alpha=0.8)
+            box.set_gid("rank")
+            ax.add_patch(box)
+            rank = f"rank {block[i, j]}"
+            ax.text(x0 + j + 0.5, y + 0.5, rank, ha="center", va="center", color="w", fontsize=8)
+        frame = {"fill": False, "edgecolor": "tab:blue", "lw": 1.5}
+        ax.add_patch(plt.Rectangle((x0 + 0.03, y + 0.03), cols - 0.06, 0.94, **frame))
+    for j in range(cols):
+        frame = {"fill": False, "edgecolor": "tab:orange", "lw": 1.5, "linestyle": "--"}
+        ax.add_patch(plt.Rectangle((x0 + j + 0.06, 0.0), 0.88, rows, **frame))
+
+
+def _mesh_legend(ax, names: tuple, stages: bool) -> None:
+    """What ``mesh``'s frames (and arrows, with ``stages``) mean."""
+    import matplotlib.pyplot as plt
+
+    handles = [
+        plt.Line2D([], [], color="tab:blue", lw=1.5),
+        plt.Line2D([], [], color="tab:orange", lw=1.5, linestyle="--"),
+    ]
+    labels = [f"a {names[-1]} group (one row)", f"a {names[-2]} group (one column)"]
+    if stages:
+        handles.append(plt.Line2D([], [], color="tab:green", lw=1.5))
+        labels.append(f"{names[0]}: send/recv to the next stage")
+    ax.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))

@@ -3,7 +3,8 @@
 Real cgroups with real quotas (v1 here; v2 where its cpu controller is mounted) and real
 processes moved into them: the count, the oversubscribed mark, the thread budget, the
 grader's slots and the launch notice all follow the quota, and a measured run shows two ranks
-under a 1-CPU quota not scaling, marked as such. A made-up /proc and cgroup tree checks the
+under a 1-CPU quota not scaling, marked as such; a kernel in that quota marks its %%ranks world of
+two oversubscribed. A made-up /proc and cgroup tree checks the
 layouts this machine does not mount (cgroup v2's cpu.max, a container's mount root).
 """
 
@@ -243,6 +244,54 @@ def test_two_ranks_under_a_one_cpu_quota_do_not_scale_and_are_marked(cgroups):
     # the cgroup's own accounting: never more than the quota, and the kernel did throttle
     assert used <= 1.0 * wall * 1.05 + 0.2, (used, wall)
     assert group.throttled() > throttled_before
+
+
+def _cell(kernel, code: str) -> tuple[str, str]:
+    """Run ``code`` in ``kernel``; its stdout and its shown values (it must not fail)."""
+    r = kernel.execute(code, timeout=180)
+    assert r["status"] == "ok", (r["error"], r["streams"])
+    out = "".join(t for _, n, t in r["streams"] if n == "stdout")
+    return out, "\n".join(d.get("text/plain", "") for d in r["data"])
+
+
+@needs_v1
+def test_a_kernel_under_a_one_cpu_quota_marks_its_world_of_two_oversubscribed(cgroups):
+    """The hub's case (issue 45): a student's kernel inside a server's 1-CPU quota. Its %%ranks
+    world of 2 is marked oversubscribed where it starts and on every rank; a world of 1 is not.
+    Without the quota this machine's 2 cores would hold 2 ranks, so the quota makes the mark."""
+    from conftest import Kernel
+    from jupyter_client.manager import start_new_kernel
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores in the mask, so only the quota can make 2 ranks too many")
+    procs = [d / "cgroup.procs" for d in cgroups(1.0).dirs.values()]
+
+    def join() -> None:  # in the kernel's process before it starts, as a hub's spawner does
+        for f in procs:
+            f.write_text(str(os.getpid()))
+
+    km, kc = start_new_kernel(kernel_name="multigpu-course", cwd=str(REPO), preexec_fn=join)
+    kernel = Kernel(km, kc)
+    try:
+        out, _ = _cell(
+            kernel,
+            "import helpers\n%load_ext helpers.interactive\nprint(helpers.world.cpu_count())",
+        )
+        assert out.strip() == "1", out  # the kernel is in the quota
+        started, _ = _cell(kernel, "%ranks start 2")
+        assert "2 ranks" in started and "on 1 device" in started, started
+        assert "OVERSUBSCRIBED" in started, started
+        _, marks = _cell(kernel, '%%ranks\nhelpers.world.budget()["oversubscribed"]')
+        assert marks.splitlines()[1].split() == ["True", "True"], marks  # the ranks' own mark
+        started, _ = _cell(kernel, "%ranks start 1")
+        assert "1 rank " in started and "OVERSUBSCRIBED" not in started, started
+        _, marks = _cell(kernel, '%%ranks\nhelpers.world.budget()["oversubscribed"]')
+        assert marks.splitlines()[1].split() == ["False"], marks
+        status, _ = _cell(kernel, "%ranks status\n%ranks stop")
+        assert "1 rank " in status and "OVERSUBSCRIBED" not in status, status
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
 
 
 # A made-up tree: /proc/self/{mountinfo,cgroup} and cgroup folders under tmp_path.
