@@ -315,12 +315,19 @@ FIXED = "# hidden inputs fixed:"  # a hidden probe's reason for inputs that are 
 
 
 def _mentions_seed(code: str) -> bool:
-    """Whether ``code`` names the seed in code (a string or a name), not only in a comment."""
+    """Whether ``code`` names the seed in code (a string or a name), not only in a comment, or
+    reads it through ``helpers.labs.hidden_seed()``."""
     try:
         tokens = list(tokenize.generate_tokens(io.StringIO(code).readline))
     except (tokenize.TokenError, SyntaxError):
         return False  # not Python: the checks after this one say where
-    return any(SEED in t.string for t in tokens if t.type != tokenize.COMMENT)
+    code_tokens = [t for t in tokens if t.type != tokenize.COMMENT]
+    named = any(SEED in t.string for t in code_tokens)
+    called = any(
+        a.string == "hidden_seed" and b.string == "("
+        for a, b in zip(code_tokens, code_tokens[1:], strict=False)
+    )
+    return named or called
 
 
 def check_hidden_draws(probe: str, place: str) -> None:
@@ -339,7 +346,7 @@ def check_hidden_draws(probe: str, place: str) -> None:
     if reasons and all(reasons):
         return
     todo = (
-        f"draw them from the run's seed, random.Random(int(os.environ.get('{SEED}', '0'))), "
+        f"draw them from the run's seed ({SEED}), random.Random(helpers.labs.hidden_seed()), "
         "in the probe and again in the check (docs/writing-tests.md, 'Hidden cases drawn anew every run'), "
         "so that a table of one run's inputs fails the next; where they cannot be drawn (a run "
         f"on ranks), say why in the hidden part, in a comment line '{FIXED} <why>'"

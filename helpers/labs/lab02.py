@@ -303,6 +303,53 @@ def ddp_reference(kind: str, world_size: int, steps: int, batch: int, start: int
     }
 
 
+def _assert_steps_like_buckets(where: str, steps_seen, steps: int, buckets: list[int]) -> None:
+    """Every step: one asynchronous all_reduce per bucket (its bytes), none waited for before
+    backward returned."""
+    assert isinstance(steps_seen, list) and len(steps_seen) == steps, (
+        f"{where}: {len(steps_seen)} steps recorded, not {steps}"
+    )
+    for step, seen in enumerate(steps_seen):
+        calls, done = seen["calls"], seen["backward done"]
+        assert isinstance(calls, list) and calls and all(c[1] is True for c in calls), (
+            f"{where}, step {step}: every bucket's all_reduce should be async_op=True"
+        )
+        assert all(c[3] is None or c[3] >= done for c in calls), (
+            f"{where}, step {step}: an all-reduce was waited for during backward: wait in finish()"
+        )
+        assert sorted(c[0] for c in calls) == sorted(buckets), (
+            f"{where}, step {step}: all-reduced {[c[0] for c in calls]} bytes, buckets should be "
+            f"{buckets}"
+        )
+
+
+def assert_like_torch_ddp(per_rank, kind, world_size, steps, batch, cap_mb, start) -> None:
+    """test_scratch_ddp's check of one case: on every rank torch DDP's parameters and None grads
+    (``ddp_reference``, computed here, one process playing every rank), rank 0's buffers after
+    construction, and each step one asynchronous all-reduce per bucket of the specification
+    (``reference_buckets``), none waited for in backward. ``per_rank``: what the lab's
+    ``scratch_ddp_runs`` returned (the student's data: judged, never trusted)."""
+    want = ddp_reference(kind, world_size, steps, batch, start)
+    buckets = reference_buckets(ddp_model(kind, start), cap_mb)
+    assert isinstance(per_rank, list) and len(per_rank) == world_size, (
+        f"{kind}: {world_size} ranks should report"
+    )
+    for rank, r in enumerate(per_rank):
+        where = f"{kind}, rank {rank}"
+        torch.testing.assert_close(
+            r["parameters"], want["parameters"], rtol=1e-4, atol=1e-5,
+            msg=lambda m, where=where: f"{where}: parameters differ from torch DDP's: {m}",
+        )  # fmt: skip
+        assert r["grad is None"] == want["grad is None"], (
+            f"{where}: which .grad is None differs from torch DDP: {r['grad is None']}"
+        )
+        torch.testing.assert_close(
+            r["buffers after construction"], want["buffers"], rtol=0, atol=0,
+            msg=f"{where}: buffers not broadcast from rank 0 at construction",
+        )  # fmt: skip
+        _assert_steps_like_buckets(kind, r["steps"], steps, buckets)
+
+
 # -- bytes per phase: test_epoch_bytes -----------------------------------------------------------
 
 

@@ -139,3 +139,137 @@ def bubble_steps(seed: int) -> list[list[dict]]:
         rng.shuffle(events)
         steps.append(events)
     return steps
+
+
+# -- the checks' assertions, one case each ---------------------------------------------------------
+
+
+def assert_schedule(orders, kind: str, p: int, m: int) -> None:
+    """test_schedules' check of one shape: ``orders`` (every stage's list of [op, micro-batch]
+    from the student's schedule) runs each micro-batch's forward and backward in order, runs to
+    the end without deadlock (``pipeline.simulate``), has the bubble of theory and holds the
+    micro-batches the schedule holds (GPipe m everywhere, 1F1B p − stage); GPipe forwards first."""
+    from helpers.parallel import pipeline as pp
+
+    name = f"{kind} p={p} m={m}"
+    assert isinstance(orders, list) and len(orders) == p, f"{name}: {p} stages expected"
+    orders = [[(str(k), int(i)) for k, i in stage] for stage in orders]
+    for s, order in enumerate(orders):
+        for op in ("F", "B"):
+            assert [i for k, i in order if k == op] == list(range(m)), (
+                f"{name}, stage {s}: the {'forwards' if op == 'F' else 'backwards'} should be "
+                f"micro-batches 0..{m - 1} in order, not {order}"
+            )
+    try:
+        events = pp.simulate(orders, 1.0, 2.0)
+    except ValueError as exc:
+        raise AssertionError(f"{name}: {exc}") from None
+    want = pp.bubble_fraction(p, m)
+    assert abs(pp.bubble(events) - want) < 1e-9, (
+        f"{name}: the bubble is {pp.bubble(events):.3f}, not (p−1)/(m+p−1) = {want:.3f}"
+    )
+    held = [pp.in_flight(o) for o in orders]
+    want_held = [m] * p if kind == "gpipe" else [min(p - s, m) for s in range(p)]
+    assert held == want_held, (
+        f"{name}: the stages hold {held} micro-batches at most; the schedule holds {want_held}"
+    )
+    if kind == "gpipe":
+        first = [("F", i) for i in range(m)]
+        assert all(o[:m] == first for o in orders), f"{name}: GPipe runs every forward first"
+
+
+def _assert_engine_followed(r: dict, where: str, want_ops: list) -> None:
+    """One rank's run: its events in the schedule's order, its stage computed in that order, no
+    more forward sends open at once than micro-batches in flight."""
+    assert r["ops"] == want_ops and r["ordered"], (
+        f"{where}: the events record {r['ops']}, not the order {want_ops}"
+    )
+    assert r["done"] == [op for op, _ in want_ops], (
+        f"{where}: the stage computed {''.join(r['done'])}, not the schedule's order"
+    )
+    depth = [sum(1 if o == "F" else -1 for o, _ in want_ops[: k + 1]) for k in range(len(want_ops))]
+    in_flight = max(depth)
+    assert r["open sends"] <= in_flight, (
+        f"{where}: {r['open sends']} forward sends were open at once, more than the "
+        f"{in_flight} micro-batches in flight: wait() for a micro-batch's send before its backward"
+    )
+
+
+def _assert_compute_only(per_rank: list, where: str) -> None:
+    """An event times compute only: a forward starts after the stage before finished it, a
+    backward after the stage after finished its own (time spent waiting in recv is not compute)."""
+    ends = {(s, op, i): end for s, r in enumerate(per_rank) for op, i, _, end in r["times"]}
+    for s, r in enumerate(per_rank):
+        for op, i, start, _ in r["times"]:
+            before = (s - 1, "F", i) if op == "F" else (s + 1, "B", i)
+            assert before not in ends or start >= ends[before], (
+                f"{where}, rank {s}: {op}{i} starts before rank {before[0]} finished "
+                f"{before[1]}{i}: time only the compute, not the wait in recv"
+            )
+
+
+def assert_like_one_process(per_rank, kind, p, m, n=12, width=6, depth=4, seed=0) -> None:
+    """test_pipeline_step's check of one case: these ranks' step (``per_rank``, what the lab's
+    ``engine_runs`` returned) against the same step in one process on the whole batch
+    (``one_process_step``, computed here): the loss on the last rank only, every gradient, the
+    schedule followed, no course engine called, compute timed apart from waiting."""
+    from helpers.parallel import pipeline as pp
+
+    where = f"{kind}, p={p}, m={m}"
+    want_loss, want = one_process_step(n, width, depth, seed)
+    assert isinstance(per_rank, list) and len(per_rank) == p, f"{kind}, p={p}: {p} ranks expected"
+    for s, r in enumerate(per_rank):
+        assert r.get("finished") == [], (
+            f"{where}, rank {s}: write pipeline_step yourself: it calls the course's "
+            f"{r.get('finished')}"
+        )
+    assert all(r["loss"] is None for r in per_rank[:-1]), (
+        f"{kind}, p={p}: only the last rank has a loss"
+    )
+    got_loss = per_rank[-1]["loss"]
+    assert got_loss is not None and abs(got_loss - want_loss) < 1e-5, (
+        f"{where}: the loss is {got_loss}; one process computes {want_loss:.6f}"
+    )
+    got = [g for r in per_rank for g in r["grads"]]
+    for k, (a, b) in enumerate(zip(got, want, strict=True)):
+        assert a is not None, f"{where}: parameter {k} got no gradient (was one not sent back?)"
+        worst = (a - b).abs().max().item()
+        assert worst < 1e-5, (
+            f"{where}: parameter {k}'s gradient differs from one process's by {worst:.3g}"
+        )
+    for s, r in enumerate(per_rank):
+        want_ops = [list(op) for op in pp.SCHEDULES[kind](p, m, s)]
+        _assert_engine_followed(r, f"{where}, rank {s}", want_ops)
+    _assert_compute_only(per_rank, where)
+
+
+def assert_like_dense(per_rank, n, d, h, n_samples, seed=0) -> None:
+    """test_tensor_parallel's check of one case: every rank's output and gradients (``per_rank``,
+    what the lab's ``tp_runs`` returned) against the dense MLP's (``dense_step``, computed here),
+    one all-reduce of the output forward and one of the input's gradient backward, no course f,
+    g or layer called."""
+    dense, x, out = dense_step(d, h, n_samples, seed)
+    assert isinstance(per_rank, list) and len(per_rank) == n, f"{n} ranks expected"
+    one = n_samples * d * 4
+    for rank, r in enumerate(per_rank):
+        part = slice(rank * h // n, (rank + 1) * h // n)
+        where = f"{n} ranks, d={d}, h={h}, rank {rank}"
+        assert r.get("finished") == [], (
+            f"{where}: write f, g and tp_mlp yourself: they call the course's {r.get('finished')}"
+        )
+        wanted = (("the output", r["out"], out), ("the input's gradient", r["x"], x.grad),
+                  ("the first weight's gradient", r["w1"], dense[0].weight.grad[part]),
+                  ("the first bias's gradient", r["b1"], dense[0].bias.grad[part]),
+                  ("the second weight's gradient", r["w2"], dense[2].weight.grad[:, part]),
+                  ("the second bias's gradient", r["b2"], dense[2].bias.grad))  # fmt: skip
+        for name, got, want in wanted:
+            assert got is not None and got.shape == want.shape, (
+                f"{where}: {name} is missing or has the wrong shape"
+            )
+            worst = (got - want).abs().max().item()
+            assert worst < 1e-5, f"{where}: {name} differs from the dense MLP's by {worst:.3g}"
+        for way in ("forward", "backward"):
+            assert r[way] == [["all_reduce", one]], (
+                f"{where}: {way} ran {r[way]}; it should all-reduce "
+                f"{'the output' if way == 'forward' else 'the input gradient'} once ({one} bytes)"
+            )

@@ -41,6 +41,7 @@ from torch import nn
 
 from helpers.measure.bandwidth import bus_factor
 from helpers.measure.memory import bytes_per_param
+from helpers.parallel.tensor_parallel import copy_to_parallel, reduce_from_parallel
 from helpers.parallel.transformer import (
     Block,
     TensorParallelBlock,
@@ -52,36 +53,7 @@ from helpers.parallel.transformer import (
 GB = 1e9  # bandwidths are GB/s, 1 GB = 1e9 bytes (nccl-tests)
 
 
-# -- tensor parallelism inside a sub-group of the mesh ----------------------------------------
-
-
-class _CopyToGroup(torch.autograd.Function):
-    """f over ``group``: identity forward, all-reduce of the gradient backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return x
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.contiguous()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
-
-
-class _ReduceFromGroup(torch.autograd.Function):
-    """g over ``group``: all-reduce of the partial outputs forward, identity backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        x = x.contiguous()
-        dist.all_reduce(x, group=group)
-        return x
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None
+# -- tensor parallelism inside a sub-group of the mesh: tensor_parallel's f and g over it ---------
 
 
 class GroupTensorParallelBlock(TensorParallelBlock):
@@ -96,13 +68,13 @@ class GroupTensorParallelBlock(TensorParallelBlock):
     # the parent counts the bytes and calls layer(y): we hand it the same layer, f or g in group
     def _column(self, layer, y):
         def column(y):  # ColumnParallelLinear.forward
-            return F.linear(_CopyToGroup.apply(y, self.group), layer.weight, layer.bias)
+            return F.linear(copy_to_parallel(y, self.group), layer.weight, layer.bias)
 
         return super()._column(column, y)
 
     def _row(self, layer, z):
         def row(z):  # RowParallelLinear.forward
-            return _ReduceFromGroup.apply(F.linear(z, layer.weight), self.group) + layer.bias
+            return reduce_from_parallel(F.linear(z, layer.weight), self.group) + layer.bias
 
         return super()._row(row, z)
 

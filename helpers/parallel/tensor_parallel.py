@@ -23,39 +23,44 @@ from torch import nn
 
 
 class _CopyToParallel(torch.autograd.Function):
-    """f: the input goes to every rank unchanged; the gradients coming back are summed."""
+    """f: the input goes to every rank of ``group`` unchanged; the gradients coming back are
+    summed over the group (None: the world)."""
 
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, group=None):
+        ctx.group = group
         return x
 
     @staticmethod
     def backward(ctx, grad):
         grad = grad.contiguous()
-        dist.all_reduce(grad)
-        return grad
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
 
 
 class _ReduceFromParallel(torch.autograd.Function):
-    """g: partial outputs are summed over ranks; the gradient goes back to each unchanged."""
+    """g: partial outputs are summed over ``group`` (None: the world); the gradient goes back
+    to each rank unchanged."""
 
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, group=None):
         x = x.contiguous()
-        dist.all_reduce(x)
+        dist.all_reduce(x, group=group)
         return x
 
     @staticmethod
     def backward(ctx, grad):
-        return grad
+        return grad, None
 
 
-def copy_to_parallel(x):
-    return _CopyToParallel.apply(x)
+def copy_to_parallel(x, group=None):
+    """Megatron's f over ``group`` (a mesh's "tp" group; None: every rank)."""
+    return _CopyToParallel.apply(x, group)
 
 
-def reduce_from_parallel(x):
-    return _ReduceFromParallel.apply(x)
+def reduce_from_parallel(x, group=None):
+    """Megatron's g over ``group`` (a mesh's "tp" group; None: every rank)."""
+    return _ReduceFromParallel.apply(x, group)
 
 
 class ColumnParallelLinear(nn.Module):

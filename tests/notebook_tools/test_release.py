@@ -261,6 +261,7 @@ def hidden_probe(lines: str) -> str:
             "# the seed, COURSE_HIDDEN_SEED, is not read here\n",
             "the hidden probe's inputs are fixed",
         ),
+        ("# helpers.labs.hidden_seed() is not called here\n", "inputs are fixed"),
     ],
 )
 def test_a_hidden_probe_with_fixed_inputs_and_no_reason_is_refused(tmp_path, probe, message):
@@ -288,6 +289,9 @@ def test_a_hidden_probe_with_fixed_inputs_and_no_reason_is_refused(tmp_path, pro
     "source",
     [
         SEEDED,  # drawn from the run's seed
+        SEEDED.replace("import os, random", "import random\nfrom helpers import labs").replace(
+            "int(os.environ.get('COURSE_HIDDEN_SEED', '0'))", "labs.hidden_seed()"
+        ),  # the same, read through helpers.labs
         hidden_probe("# hidden inputs fixed: runs on ranks, their sizes are the lab's\n"),
         # no hidden probe at all: only hidden expectations
         "got = shard(4, 0, 2)\n# --- check ---\nassert got == [0, 2]\n"

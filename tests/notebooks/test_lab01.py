@@ -423,29 +423,6 @@ def test_the_unfinished_student_version_says_what_to_do():
     assert set(AUTO) <= locked
 
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    """Grade the two half-wrong submissions (the released lab filled in), once.
-
-    On copies without the ungraded cells (thread budgets, the set_epoch demo, tables, plots,
-    the α-β benchmark and cost model), with one timing repeat and worlds of 1 and 2: the
-    graded cells' figures are checked for form and against each other, never against a time."""
-    tmp = tmp_path_factory.mktemp("lab01")
-    return lab_grading.grade_trimmed(LAB, STUDENT, WRONG, UNGRADED, tmp, overrides=FASTER)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1800)  # grading the class (the fixture) runs inside the first test
-def test_right_answers_score_every_automatic_point(graded):
-    lab_grading.assert_right_answers_score_every_point(graded, WRONG, AUTO, MANUAL)
-    assert sum(AUTO.values()) == 13
-
-
-@pytest.mark.slow
-def test_each_plausible_wrong_answer_loses_its_points_and_only_those(graded):
-    lab_grading.assert_wrong_answers_lose_their_points(graded, WRONG, AUTO)
-
-
 # and a right answer written differently (the check can tell them apart): the last "variant"
 # of largest_fitting_batch is one
 RIGHT_SEARCH = """

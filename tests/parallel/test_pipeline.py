@@ -191,6 +191,30 @@ def test_the_tensor_parallel_mlp_equals_the_dense_one_with_one_all_reduce_each_w
         assert r["all"] == [("all_reduce", theory["forward"]), ("all_reduce", theory["backward"])]
 
 
+def _f_and_g_in_halves():
+    """f and g over this rank's half of 4 ranks ({0, 1} or {2, 3}): g's forward and f's
+    backward sum over the half only; g's backward and f's forward pass through unchanged."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    halves = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    group = halves[rank // 2]
+    x = torch.full((3,), float(rank + 1), requires_grad=True)
+    y = tp.reduce_from_parallel(tp.copy_to_parallel(x, group) * (rank + 1), group)
+    y.backward(torch.ones(3))
+    return {"forward": y.detach(), "grad": x.grad}
+
+
+def test_f_and_g_take_a_process_group_and_stay_inside_it():
+    runs = helpers.launch(_f_and_g_in_halves, world_size=4, output="none")
+    for rank, r in enumerate(runs):
+        pair = [rank - rank % 2, rank - rank % 2 + 1]  # the ranks of this half
+        want_forward = sum((q + 1) ** 2 for q in pair)  # g: each rank's (q + 1)·(q + 1), summed
+        want_grad = sum(q + 1 for q in pair)  # f's backward: each rank's factor q + 1, summed
+        torch.testing.assert_close(r["forward"], torch.full((3,), float(want_forward)))
+        torch.testing.assert_close(r["grad"], torch.full((3,), float(want_grad)))
+
+
 def test_shard_refuses_a_width_the_ranks_do_not_divide():
     with pytest.raises(ValueError, match="divisible"):
         tp.shard(tp.mlp(4, 6), 0, 4)
