@@ -221,13 +221,13 @@ def compare(samples: dict, unit: str = "", better: str = "lower", what: str = ""
     return Finding(text, "indistinguishable", numbers, record)
 
 
-def _allowed(fam: Family) -> str:
+def _allowed(fam: Family, how: str = ", at most") -> str:
     """', at most 0.005 allowed for each of this notebook's 20 comparisons' (judged alone: '')."""
     if fam.expected is None:
         return ""
-    return (
-        f", at most {fam.level:.2g} allowed for each of this notebook's {fam.expected} comparisons"
-    )
+    each = "each of " if fam.expected > 1 else ""  # "this notebook's 1 comparison": no "each"
+    count = _count(fam.expected, "comparison")
+    return f"{how} {fam.level:.2g} allowed for {each}this notebook's {count}"
 
 
 def _why_not(a: list[float], b: list[float], chance: float, agree: bool, fam: Family) -> str:
@@ -238,10 +238,7 @@ def _why_not(a: list[float], b: list[float], chance: float, agree: bool, fam: Fa
             f"a rank test separates them (chance {chance:.2g}), but not in the order of their "
             "medians (equal or reversed): the two differ in shape, not simply in level"
         )
-    more = ""
-    if fam.expected is not None:
-        more = f", more than the {level:.2g} allowed for each of this notebook's {fam.expected}"
-        more += " comparisons"
+    more = _allowed(fam, ", more than the")
     if max(a) < min(b) or max(b) < min(a):
         return (
             f"the ranges do not overlap, but with {len(a)} and {len(b)} repeats that happens "
@@ -365,11 +362,6 @@ def order(samples: dict, unit: str = "", highest_first: bool = False, what: str 
     return Finding(text, verdict, {"groups": groups, "separated_inside": inside}, record)
 
 
-def _separated(a: list[float], b: list[float]) -> bool:
-    """The rank test's verdict at the family's level, in the direction of the medians."""
-    return _pair(a, b, current().level)[1]
-
-
 def fit(
     name: str,
     r2: float,
@@ -446,9 +438,9 @@ def summary() -> Finding:
     made = fam.comparisons
     k = len(made)
     if not k:
-        return Finding(
-            "**Findings of this run**: no comparisons made.", "summary", {"comparisons": 0}
-        )
+        none = {"comparisons": 0}  # recorded too: a test reads every lecture's summary alike
+        text = "**Findings of this run**: no comparisons made."
+        return Finding(text, "summary", none, {"kind": "summary", **none})
     separated = [c for c in made if c.separated]
     alone = sum(null_separation_chance(*c.n, c.level) for c in made)
     if fam.expected is None:
@@ -469,6 +461,8 @@ def summary() -> Finding:
     strict = fam.error / max(k, fam.expected or 1)  # the level the count made asks for
     withdrawn = [c for c in separated if not _within(c.chance, strict)]
     if k > (fam.expected or 1):  # judged more loosely than the count made allows
+        # a declaration short of the count is the notebook's error: said first, in bold
+        text += f" **More than the {fam.expected} declared**." if fam.expected else ""
         text += f" Judged as one family of {k} ({fam.error:g} over {k}: {strict:.2g} each), " + (
             f"{len(withdrawn)} would not stand: "
             + "; ".join(f"{c.label} (chance {c.chance:.2g})" for c in withdrawn)

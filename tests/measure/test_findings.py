@@ -306,10 +306,13 @@ def test_a_family_larger_than_declared_is_judged_again_and_its_weak_verdicts_wit
     assert s.numbers["chance_alone"] == pytest.approx(
         0.1 + 4 * findings.null_separation_chance(5, 5, 0.1)
     )
-    findings.family(1)  # declared too few: the summary says the same
+    assert "More than" not in str(s)  # nothing was declared, so nothing was declared too few
+    findings.family(1)  # declared too few: the summary says the same, and says it first, in bold
     findings.compare(five)
     findings.compare(DISJOINT_3, "s", what="step time")
-    assert findings.summary().numbers["withdrawn"] == ["1 rank against 2 ranks (step time)"]
+    s = findings.summary()
+    assert s.numbers["withdrawn"] == ["1 rank against 2 ranks (step time)"]
+    assert "separations. **More than the 1 declared**. Judged as one family of 2" in s.text
 
 
 def test_lehrs_advice_follows_the_family_level():

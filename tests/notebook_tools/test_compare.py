@@ -111,6 +111,32 @@ def test_a_reversal_fails_and_every_weakening_is_listed(builds):
     assert out.strip().endswith("1 notebooks, 5 verdicts in both: 1 reversals, 3 weakenings")
 
 
+def test_the_suite_fails_on_a_reversal_only_when_strict(builds, capsys):
+    """syllabus_run's check, on the two builds (one made-up reversal, three weakenings): listed and
+    passed by default (STRICT is off until fresh builds show no reversal); strict, it fails with
+    the notebook, its cells and both verdicts in the message. Weakenings alone never fail."""
+    import syllabus_run
+
+    from course.syllabus import Entry
+
+    entries = [Entry(builds / "A" / REL, "fixture", "lecture", 60)]
+    assert syllabus_run.STRICT is False
+    syllabus_run.assert_no_verdict_reversed(entries, builds / "A", against=builds / "B")
+    assert "1 reversals, 3 weakenings" in capsys.readouterr().out  # listed with the output
+    with pytest.raises(AssertionError) as failed:
+        syllabus_run.assert_no_verdict_reversed(
+            entries, builds / "A", against=builds / "B", strict=True
+        )
+    message = str(failed.value)
+    assert f"REVERSAL  {REL}, cells 1 / 1: compare 'bubble at m = 4'" in message
+    assert "GPipe better than 1F1B in A, 1F1B better than GPipe in B" in message
+    assert "A: GPipe is faster than 1F1B" in message and "B: 1F1B is faster than GPipe" in message
+    assert "epoch" not in message  # a weakening is no reason to fail
+    syllabus_run.assert_no_verdict_reversed(
+        entries, builds / "A", against=builds / "A", strict=True
+    )
+
+
 def compare_here(capsys, a, b) -> tuple[int, str, str]:
     """`course compare A B` through the CLI's own parser, in this process: (status, out, err)."""
     code = main(["compare", str(a), str(b)])
