@@ -4,6 +4,8 @@
 #                                    cores split by cpuset, munged, slurmctld, a slurmd per node
 #   scripts/cluster.sh run CMD...    CMD on the head node (--node node2 before CMD: on node2),
 #                                    e.g. `scripts/cluster.sh run sbatch scripts/slurm/torchrun.sbatch`
+#   scripts/cluster.sh shape 100     the link between the nodes limited to 100 Mbit/s each way
+#                                    (tc tbf on each end of the pair; `shape off` lifts it)
 #   scripts/cluster.sh status | down down tears it all down, also after a failed up
 # --state DIR before the command picks the cluster's folder (default
 # /var/lib/multigpu-course-cluster).

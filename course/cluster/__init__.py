@@ -5,6 +5,9 @@
                        Debian's Slurm: munged, slurmctld on node1, a slurmd per node
     run(cmd, state)    a command on a node (default the head, node1), e.g. sbatch or squeue
     wait(job, state)   a job's end (every task of an array), or a clear error
+    shape(rate, state) the link between the nodes limited to ``rate`` Mbit/s each way (tc tbf)
+    lose(node, state)  a node fails: its slurmd and all it started killed at once (a test's
+                       fault); restore(node, state) starts its slurmd again
     down(state)        everything above gone again: processes, cgroups, namespaces, files;
                        safe after a failed or half-made ``up`` and when nothing is up
     status(state)      what exists now
@@ -25,7 +28,19 @@ from pathlib import Path
 from course.cluster import cgroups, netns, slurm
 from course.cluster.layout import DEFAULT_STATE, Node, hosts_file, nodes
 
-__all__ = ["DEFAULT_STATE", "command", "down", "run", "status", "up", "wait"]
+__all__ = [
+    "DEFAULT_STATE",
+    "NodeLost",
+    "command",
+    "down",
+    "lose",
+    "restore",
+    "run",
+    "shape",
+    "status",
+    "up",
+    "wait",
+]
 
 
 def _nodes_file(state: Path) -> Path:
@@ -106,12 +121,48 @@ def up(state: Path = DEFAULT_STATE, memory_mb: int = 4096, timeout: float = 60.0
         ctld = netns.enter(head, hosts, cgroups.procs_files(head), ["slurmctld"])
         _start(ctld, state, "slurmctld.out")
         for node in made:
-            slurmd = netns.enter(node, hosts, cgroups.procs_files(node), ["slurmd"])
-            _start(slurmd, state, f"slurmd-{node.name}.out")
+            _start_slurmd(node, state)
         return slurm.wait_until_idle(state, made, lambda c: run(c, head.name, state), timeout)
     except BaseException:
         down(state)
         raise
+
+
+def _start_slurmd(node: Node, state: Path) -> None:
+    slurmd = netns.enter(node, state / "etc" / "hosts", cgroups.procs_files(node), ["slurmd"])
+    _start(slurmd, state, f"slurmd-{node.name}.out")
+
+
+def lose(node: str, state: Path = DEFAULT_STATE) -> None:
+    """Node ``node`` fails as a machine does: its slurmd and everything it started (the jobs'
+    steps and workers, all in the node's cgroups) are killed at once."""
+    found = {n.name: n for n in saved_nodes(state)}
+    cgroups.kill(lambda: cgroups.pids(found[node]), timeout=20.0, grace=0.0)
+
+
+def restore(node: str, state: Path = DEFAULT_STATE, timeout: float = 60.0) -> str:
+    """Start ``node``'s slurmd again (after ``lose``); return sinfo once every node is idle
+    (ReturnToService=2 puts it back without an administrator)."""
+    made = saved_nodes(state)
+    _start_slurmd({n.name: n for n in made}[node], state)
+    return slurm.wait_until_idle(state, made, lambda c: run(c, made[0].name, state), timeout)
+
+
+def shape(rate_mbit: float | None, state: Path = DEFAULT_STATE) -> list[str]:
+    """Limit what each node sends over the link between them to ``rate_mbit`` Mbit/s (``tc``'s
+    token bucket filter on each node's end of the veth pair, as lecture 07 does), or with None
+    take the limit away; return the commands run. ``down`` removes it with the namespaces."""
+    from helpers.tools.link_rank import shape_command
+
+    done = []
+    for node in saved_nodes(state):
+        cmd = shape_command(node.veth, rate_mbit)
+        proc = subprocess.run(["nsenter", f"--net={netns.NETNS_DIR / node.netns}", *cmd],
+                              capture_output=True, text=True)  # fmt: skip
+        if proc.returncode and rate_mbit is not None:  # removing no limit is fine
+            raise RuntimeError(f"{node.name}: `{' '.join(cmd)}` failed: {proc.stderr.strip()}")
+        done.append(f"{node.name}: {' '.join(cmd)}")
+    return done
 
 
 def down(state: Path = DEFAULT_STATE) -> None:
@@ -155,6 +206,10 @@ def status(state: Path = DEFAULT_STATE) -> dict:
     return out
 
 
+class NodeLost(RuntimeError):
+    """A job ended because a node it ran on stopped answering (Slurm's NODE_FAIL)."""
+
+
 DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
 
 
@@ -162,27 +217,49 @@ def wait(job: str, state: Path = DEFAULT_STATE, timeout: float = 300.0) -> list[
     """Wait for job ``job`` (every task of an array) to end; return each task's fields
     (JobId, ArrayTaskId, JobState, ExitCode, NodeList, ...) from ``scontrol show job``.
 
-    Polls every 0.2 s (``sbatch --wait`` backs off to half a minute). A job still pending
-    because a node it needs is down, or still unfinished at ``timeout``, is cancelled and
-    raised, with Slurm's reason: never a silent hang.
+    Polls every 0.2 s (``sbatch --wait`` backs off to half a minute). A job that lost a node
+    while it ran (Slurm ends it as NODE_FAIL, or is ending it: still running, its reason the
+    down node) raises ``NodeLost``, naming the node. A job still pending because a node it
+    needs is down, or still unfinished at ``timeout``, is cancelled and raised, with Slurm's
+    reason: never a silent hang.
     """
-    deadline, tasks = time.monotonic() + timeout, []
+    deadline, tasks, ran = time.monotonic() + timeout, [], False
     while time.monotonic() < deadline:
         tasks = slurm.job_fields(run(["scontrol", "show", "job", "-o", job], state=state).stdout)
+        ran = ran or any(t.get("JobState") == "RUNNING" for t in tasks)
+        _raise_if_a_node_failed(job, tasks, state, ran)
         if tasks and all(t.get("JobState") in DONE for t in tasks):
             return tasks
-        stuck = [t for t in tasks if t.get("Reason", "").startswith(slurm.NEVER_STARTS)]
-        if stuck and _down_nodes(state):
-            run(["scancel", job], state=state)
-            raise RuntimeError(
-                f"job {job} cannot start: node {_down_nodes(state)} is down or drained "
-                f"(Slurm: {stuck[0]['Reason']}). The job was cancelled; `scripts/cluster.sh "
-                "status` shows the nodes, and `down` then `up` makes the cluster afresh."
-            )
         time.sleep(0.2)
     run(["scancel", job], state=state)
     states = [(t.get("JobId"), t.get("JobState"), t.get("Reason")) for t in tasks]
     raise TimeoutError(f"job {job} did not end in {timeout:.0f} s ({states}); cancelled it")
+
+
+def _raise_if_a_node_failed(job: str, tasks: list[dict], state: Path, ran: bool) -> None:
+    """``NodeLost`` for a task that lost a node while it ran (``ran``: it was seen running;
+    Slurm may have put it back in the queue), RuntimeError for one that cannot start because
+    a node it needs is down (cancelled first); nothing otherwise."""
+    down = [t for t in tasks if t.get("Reason", "").startswith(slurm.NEVER_STARTS)]
+    lost = [t for t in tasks if t.get("JobState") == "NODE_FAIL"]
+    lost += [t for t in down if ran or t.get("JobState") in ("RUNNING", "COMPLETING")]
+    if lost:
+        run(["scancel", job], state=state)  # Slurm is ending it already: make sure
+        raise NodeLost(
+            f"job {job} lost a node while it ran: {_down_nodes(state) or 'a node'} stopped "
+            f"answering (Slurm: {lost[0].get('JobState')}, {lost[0].get('Reason')}). Its "
+            "processes on the other nodes are stopped; "
+            "resubmit it (from its last checkpoint) once `scripts/cluster.sh status` shows the "
+            "node idle again."
+        )
+    pending = [t for t in down if t.get("JobState") == "PENDING"]
+    if pending and _down_nodes(state):
+        run(["scancel", job], state=state)
+        raise RuntimeError(
+            f"job {job} cannot start: node {_down_nodes(state)} is down or drained "
+            f"(Slurm: {pending[0]['Reason']}). The job was cancelled; `scripts/cluster.sh "
+            "status` shows the nodes, and `down` then `up` makes the cluster afresh."
+        )
 
 
 def _down_nodes(state: Path) -> str:

@@ -1,4 +1,4 @@
-"""`python -m course.cluster` (what scripts/cluster.sh runs): up, down, status, run.
+"""`python -m course.cluster` (what scripts/cluster.sh runs): up, down, status, shape, run.
 
 Only parses arguments and calls course.cluster's functions.
 """
@@ -22,6 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     u.add_argument("--memory-mb", type=int, default=4096, help="memory of each node (MB)")
     sub.add_parser("down", help="tear it all down (also after a failed up)")
     sub.add_parser("status", help="what exists now")
+    sh = sub.add_parser("shape", help="limit the link between the nodes (tc tbf), or `off`")
+    sh.add_argument("rate", help="Mbit/s each node may send, e.g. 100, or off")
     r = sub.add_parser("run", help="run a command on a node, e.g. `run sbatch job.sh`")
     r.add_argument("--node", default="node1")
     r.add_argument("cmd", nargs=argparse.REMAINDER)
@@ -32,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "down":
             cluster.down(args.state)
             print("cluster down: its processes, cgroups, namespaces and files are gone")
+        elif args.command == "shape":
+            rate = None if args.rate == "off" else float(args.rate)
+            print("\n".join(cluster.shape(rate, args.state)))
         elif args.command == "status":
             print(json.dumps(cluster.status(args.state), indent=1))
         elif args.command == "run":

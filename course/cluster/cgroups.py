@@ -81,13 +81,14 @@ def pids(node: Node | None = None) -> set[int]:
     return found
 
 
-def kill(pids_of, timeout: float = 10.0) -> None:
-    """SIGTERM what ``pids_of()`` lists, then SIGKILL what is left after a grace, until none.
+def kill(pids_of, timeout: float = 10.0, grace: float = 3.0) -> None:
+    """SIGTERM what ``pids_of()`` lists, then SIGKILL what is left after ``grace`` seconds
+    (0: SIGKILL at once, as a machine that loses power), until none.
 
     ``pids_of`` is called again and again: a daemon may fork while it is being stopped.
     """
     deadline, sig = time.monotonic() + timeout, signal.SIGTERM
-    grace = time.monotonic() + 3.0
+    grace = time.monotonic() + grace
     while found := pids_of():
         if time.monotonic() > grace:
             sig = signal.SIGKILL

@@ -71,9 +71,10 @@ def config(state: Path, nodes: list[Node]) -> str:
         "AccountingStorageType=accounting_storage/none",
         "JobAcctGatherType=jobacct_gather/none",
         "JobCompType=jobcomp/none",
-        # a node whose slurmd stops answering is DOWN in 10 s (a test waits for it), and one
-        # that comes back is usable again without an administrator
-        "SlurmdTimeout=10",
+        # a node whose slurmd stops answering is DOWN in 30 s (the tests wait for it; at 10 s a
+        # slurmd on a machine loaded past 10 runnable tasks a core was marked DOWN while alive),
+        # and one that comes back is usable again without an administrator
+        "SlurmdTimeout=30",
         "ReturnToService=2",
         "KillWait=5",
         "MinJobAge=300",

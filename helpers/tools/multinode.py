@@ -1,6 +1,6 @@
 """Several torchrun agents on this host, standing in for several nodes (lecture 07).
 
-    res = multinode.agents("helpers.multinode:whoami", nnodes=2, nproc_per_node=1)
+    res = multinode.agents("helpers.tools.multinode:whoami", nnodes=2, nproc_per_node=1)
     res["results"]      # what each rank returned, in rank order (as launch() returns)
     res["logs"]         # each agent's output: its rendezvous, its workers, restarts
 
@@ -23,6 +23,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from helpers.tools.rendezvous import RendezvousUnreachable, reach  # noqa: F401 (re-exported)
 
 
 def free_port() -> int:
@@ -54,8 +56,10 @@ def command(
     run_id: str = "course",
     max_restarts: int = 0,
     out: str | None = None,
+    host: str = "127.0.0.1",
 ) -> list[str]:
-    """The torchrun command line of agent ``node`` (what one types on each node)."""
+    """The torchrun command line of agent ``node`` (what one types on each node); the
+    rendezvous is at ``host``:``port``, hosted by node 0."""
     cmd = [
         torchrun(),
         "--nnodes",
@@ -65,7 +69,7 @@ def command(
         "--rdzv-backend",
         "c10d",
         "--rdzv-endpoint",
-        f"127.0.0.1:{port}",
+        f"{host}:{port}",
         "--rdzv-id",
         run_id,
         # node 0 hosts the rendezvous store; on a cluster it is the first host of the job
@@ -81,8 +85,9 @@ def command(
     return cmd + (["--out", out] if out else [])
 
 
-def _wait(procs: list, timeout: float, grace: float = 15.0) -> tuple[bool, list[str]]:
-    """Wait for every agent: (whether the time ran out, each agent's output).
+def wait_all(procs: list, timeout: float, grace: float = 15.0) -> tuple[bool, list[str]]:
+    """Wait for every process (a torchrun agent, a rank): (whether the time ran out, each one's
+    output).
 
     Once one agent has failed, the others get ``grace`` seconds and are then stopped: torchrun
     would otherwise hold each of them in its exit barrier (5 minutes) waiting for the dead one.
@@ -121,9 +126,20 @@ def agents(
     max_restarts: int = 0,
     timeout: float = 240,
     env: dict | None = None,
+    endpoint: str | None = None,
 ) -> dict:
-    """Start ``nnodes`` torchrun agents here, wait for them, return results, logs and commands."""
-    port, folder = free_port(), Path(tempfile.mkdtemp(prefix="agents-"))
+    """Start ``nnodes`` torchrun agents here, wait for them, return results, logs and commands.
+
+    ``endpoint`` (HOST:PORT): the rendezvous, by default a free port on 127.0.0.1. One that
+    cannot be reached raises ``RendezvousUnreachable`` (see ``reach``) before any agent starts.
+    """
+    if endpoint is None:
+        host, port = "127.0.0.1", free_port()
+    else:
+        reach(endpoint, timeout=min(timeout, 30.0))
+        host, _, port_text = endpoint.rpartition(":")
+        port = int(port_text)
+    folder = Path(tempfile.mkdtemp(prefix="agents-"))
     out = folder / "results.pkl"
     procs, commands = [], []
     for node in range(nnodes):
@@ -137,6 +153,7 @@ def agents(
             f"course-{port}",
             max_restarts,
             str(out),
+            host,
         )
         commands.append(cmd)
         procs.append(
@@ -149,7 +166,7 @@ def agents(
             )
         )
     try:
-        timed_out, logs = _wait(procs, timeout)
+        timed_out, logs = wait_all(procs, timeout)
         if timed_out:
             tails = "\n".join(log[-1500:] for log in logs)
             raise TimeoutError(
@@ -227,3 +244,16 @@ def train_digits(epochs: int = 1, batch: int = 32) -> dict:
             b"".join(p.detach().cpu().contiguous().numpy().tobytes() for p in r["state"].values())
         ).hexdigest()[:16],
     }
+
+
+def all_reduce_for(seconds: float = 120.0) -> dict:
+    """All-reduce one number again and again for ``seconds``: a job long enough to lose a node
+    in (tests/cluster). Returns how many all-reduces this rank finished."""
+    import torch
+    import torch.distributed as dist
+
+    t, count, end = torch.ones(1), 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        dist.all_reduce(t)
+        count += 1
+    return {"rank": dist.get_rank(), "all-reduces": count}

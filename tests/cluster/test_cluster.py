@@ -101,7 +101,7 @@ def test_the_torchrun_job_trains_lab01_to_the_weights_of_launch(state, tmp_path)
         "--cpus-per-task=1",
         f"--output={tmp_path}/%j.out",
         REPO / "scripts/slurm/torchrun.sbatch",
-        "helpers.multinode:train_digits",
+        "helpers.tools.multinode:train_digits",
         cwd=tmp_path,
         env={**VENV, "LOGLEVEL": "INFO"},  # torchrun's agents then log their rendezvous
     )
@@ -128,7 +128,7 @@ def test_an_elastic_restart_after_a_nodes_worker_dies(state, tmp_path):
         "--cpus-per-task=1",
         f"--output={tmp_path}/%j.out",
         REPO / "scripts/slurm/torchrun.sbatch",
-        "helpers.multinode:whoami",
+        "helpers.tools.multinode:whoami",
         "1",
         cwd=tmp_path,
         env={**VENV, "RESTARTS": "1"},
@@ -198,6 +198,163 @@ def test_a_job_asking_more_cores_than_a_node_has_is_refused_at_once(state, tmp_p
     assert "Requested node configuration is not available" in proc.stderr
 
 
+def jupyter_job(state, tmp_path) -> tuple[str, dict]:
+    """Submit scripts/slurm/jupyter.sbatch on node2 (1 core) over a copy of lab 01; return the
+    job id and its connection file once JupyterLab answers from node1 (the browser's node)."""
+    import json
+    import time
+
+    nbs = tmp_path / "notebooks"
+    nbs.mkdir()
+    shutil.copy(REPO / "labs/lab01_ddp_scaling.ipynb", nbs)
+    settings = tmp_path / "jupyter" / "settings"  # every cell rendered, no news pop-up
+    for plugin, text in {
+        "@jupyterlab/notebook-extension/tracker": '{"windowingMode": "none"}',
+        "@jupyterlab/apputils-extension/notification": '{"fetchNews": "false"}',
+    }.items():
+        (settings / f"{plugin}.jupyterlab-settings").parent.mkdir(parents=True, exist_ok=True)
+        (settings / f"{plugin}.jupyterlab-settings").write_text(text)
+    env = {
+        **VENV,
+        "JUPYTERLAB_SETTINGS_DIR": str(settings),
+        "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "jupyter" / "workspaces"),
+        "JUPYTER_RUNTIME_DIR": str(tmp_path / "jupyter" / "runtime"),
+    }
+    job = sbatch(
+        state,
+        "-w",
+        "node2",
+        "--cpus-per-task=1",
+        f"--output={tmp_path}/%j.out",
+        REPO / "scripts/slurm/jupyter.sbatch",
+        nbs,
+        "--LabApp.expose_app_in_browser=True",  # the test reads the notebook's model
+        cwd=tmp_path,
+        env=env,
+    )
+    conn, deadline = tmp_path / f"connection-{job}.json", time.monotonic() + 180
+    probe = "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=3)"
+    while time.monotonic() < deadline:
+        if conn.exists() and conn.stat().st_size:
+            c = json.loads(conn.read_text())
+            url = f"http://{c['host']}:{c['port']}/api/status?token={c['token']}"
+            if cluster.run([sys.executable, "-c", probe, url], state=state).returncode == 0:
+                return job, c
+        time.sleep(1)
+    log = (tmp_path / f"{job}.out").read_text() if (tmp_path / f"{job}.out").exists() else ""
+    raise AssertionError(f"JupyterLab of job {job} did not answer from node1:\n{log[-3000:]}")
+
+
+def test_jupyterlab_in_a_job_runs_lab01_with_the_jobs_cores_as_devices(state, tmp_path):
+    """As Open OnDemand's Jupyter app: a job serves JupyterLab on node2, a browser on node1
+    opens lab 01 at node2's address and runs it to its first launch; the kernel's devices are
+    the job's cores, and it sees the job's Slurm variables."""
+    import json
+
+    job, conn = jupyter_job(state, tmp_path)
+    try:
+        shot = REPO / "build" / "screenshots" / "cluster-jupyter-lab01.png"
+        shot.parent.mkdir(parents=True, exist_ok=True)
+        url = f"http://{conn['host']}:{conn['port']}"
+        nb = tmp_path / "notebooks" / "lab01_ddp_scaling.ipynb"
+        browse = [sys.executable, REPO / "tests/cluster/browse.py", url, conn["token"], nb, shot]
+        proc = cluster.run(list(map(str, browse)), state=state, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        seen = json.loads(proc.stdout.strip().splitlines()[-1])
+        (task,) = slurm.job_fields(
+            cluster.run(["scontrol", "show", "job", "-o", job], state=state).stdout
+        )
+    finally:
+        cluster.run(["scancel", job], state=state)
+    assert conn["host"] == "node2" and task["NodeList"] == "node2"
+    assert "world size 1: rank 0: 1 thread(s) on cores" in seen["launched"], seen["launched"]
+    assert "Error" not in seen["launched"] and "Traceback" not in seen["launched"]
+    probe = json.loads(seen["probe"])
+    node2 = cluster.saved_nodes(state)[1]
+    assert probe["host"] == "node2" and probe["cores"] == list(node2.cpus)
+    assert probe["devices"] == int(task["NumCPUs"]) == int(probe["slurm"]["SLURM_CPUS_ON_NODE"])
+    assert probe["slurm"]["SLURM_JOB_ID"] == job
+
+
+def test_a_rendezvous_address_no_node_has_fails_in_seconds_naming_it(state, tmp_path):
+    """The torchrun job with its rendezvous at an address on the cluster's network that no node
+    has: each node's check fails after RDZV_TIMEOUT, naming the address, before any agent."""
+    import time
+
+    nobody = f"{layout.SUBNET}.99:29400"
+    start = time.monotonic()
+    job = sbatch(
+        state,
+        "--gpus-per-node=0",
+        "--cpus-per-task=1",
+        f"--output={tmp_path}/%j.out",
+        REPO / "scripts/slurm/torchrun.sbatch",
+        "helpers.tools.multinode:whoami",
+        cwd=tmp_path,
+        env={**VENV, "RDZV_ENDPOINT": nobody, "RDZV_TIMEOUT": "5"},
+    )
+    (task,) = cluster.wait(job, state, timeout=120)
+    log = (tmp_path / f"{job}.out").read_text()
+    assert task["JobState"] == "FAILED", log[-3000:]
+    assert f"the rendezvous endpoint {nobody} cannot be reached from node" in log
+    assert "torchrun" not in log  # no agent started to wait out torch's own timeout
+    assert time.monotonic() - start < 90
+
+
+def test_a_node_lost_while_its_job_runs_ends_the_job_with_a_clear_error(state, tmp_path):
+    """node2 dies (its slurmd, the job's step and workers, all at once) while the torchrun job
+    all-reduces across both nodes: the job ends, and ``wait`` names the lost node."""
+    import time
+
+    job = sbatch(
+        state,
+        "--no-requeue",  # else Slurm puts it back in the queue, to start again from the top
+        "--gpus-per-node=0",
+        "--cpus-per-task=1",
+        f"--output={tmp_path}/%j.out",
+        REPO / "scripts/slurm/torchrun.sbatch",
+        "helpers.tools.multinode:all_reduce_for",
+        "600",
+        cwd=tmp_path,
+        env={**VENV, "LOGLEVEL": "INFO"},
+    )
+    deadline = time.monotonic() + 240  # both agents' workers started: they are all-reducing
+    while time.monotonic() < deadline:
+        log = (tmp_path / f"{job}.out").read_text() if (tmp_path / f"{job}.out").exists() else ""
+        if log.count("Starting worker group") >= 2:
+            break
+        time.sleep(0.5)
+    assert log.count("Starting worker group") >= 2, log[-3000:]
+    time.sleep(2)
+    lost_at = time.monotonic()
+    cluster.lose("node2", state)
+    try:
+        with pytest.raises(
+            cluster.NodeLost, match="lost a node while it ran: node2 stopped answering"
+        ) as lost:
+            cluster.wait(job, state, timeout=150)
+        print(lost.value)  # -rP shows what Slurm said
+        assert time.monotonic() - lost_at < 150  # Slurm noticed (SlurmdTimeout=30 s): no hang
+    finally:
+        print(cluster.restore("node2", state))  # the next tests need both nodes
+
+
+def test_the_link_between_the_nodes_is_shaped_and_unshaped(state):
+    """`cluster.sh shape 100`: a token bucket of 100 Mbit/s on each node's end of the pair;
+    `shape off` takes both away (lecture 07 measures such a link: tests/cluster/test_link.py)."""
+
+    def qdiscs():
+        return {
+            n.name: cluster.run(["tc", "qdisc", "show", "dev", n.veth], n.name, state).stdout
+            for n in cluster.saved_nodes(state)
+        }
+
+    cluster.shape(100, state)
+    assert all("tbf" in q and "rate 100Mbit" in q for q in qdiscs().values()), qdiscs()
+    cluster.shape(None, state)
+    assert not any("tbf" in q for q in qdiscs().values()), qdiscs()
+
+
 def test_up_refuses_while_a_cluster_is_up(state):
     with pytest.raises(RuntimeError, match="a cluster is up already"):
         cluster.up(state)
@@ -209,7 +366,7 @@ def test_zz_a_job_needing_a_node_whose_slurmd_died_fails_with_a_clear_error(stat
 
     pid = int((state / "node2" / "slurmd.pid").read_text())
     os.kill(pid, 9)  # the node's daemon dies as on a crashed node
-    deadline = time.monotonic() + 60  # Slurm marks it DOWN within SlurmdTimeout (10 s) + a ping
+    deadline = time.monotonic() + 120  # Slurm marks it DOWN within SlurmdTimeout (30 s) + a ping
     while "node2" not in cluster._down_nodes(state) and time.monotonic() < deadline:
         time.sleep(0.5)
     job = sbatch(state, "-N2", "--wrap", "true", cwd=tmp_path)

@@ -4,7 +4,7 @@ with `findings.summary()` under a line saying what it tells the reader; the reco
 shows no more comparisons than declared and none whose repeats could not separate at the
 family's level (the repeats each verdict needs were taken).
 
-(Lecture 07 is another's; lecture 00 prints no verdict.)
+(Lecture 00 prints no verdict.)
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ LECTURES = [
     "04_model_pipeline_tensor",
     "05_large_batch",
     "06_measuring",
+    "07_tools",
     "08_transformers_at_scale",
 ]
 VERDICTS = ("findings.compare(", "findings.order(")

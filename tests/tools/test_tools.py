@@ -72,7 +72,7 @@ def test_a_profiled_ddp_run_traces_every_rank(tmp_path):
 
 
 def test_two_agents_stand_in_for_two_nodes():
-    res = multinode.agents("helpers.multinode:whoami", nnodes=2, nproc_per_node=1)
+    res = multinode.agents("helpers.tools.multinode:whoami", nnodes=2, nproc_per_node=1)
     ranks = res["results"]
     assert [r["rank"] for r in ranks] == [0, 1]
     assert {r["node"] for r in ranks} == {0, 1} and all(r["world"] == 2 for r in ranks)
@@ -84,7 +84,7 @@ def test_two_agents_stand_in_for_two_nodes():
 def test_a_failed_agent_says_what_happened_and_leaves_nothing_in_tmp(tmp_path, monkeypatch):
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # where agents() makes its folder
     with pytest.raises(RuntimeError, match="torchrun agents exited with"):
-        multinode.agents("helpers.multinode:no_such_function", nnodes=1, nproc_per_node=1)
+        multinode.agents("helpers.tools.multinode:no_such_function", nnodes=1, nproc_per_node=1)
     assert list(tmp_path.iterdir()) == []
 
 
