@@ -219,7 +219,7 @@ def oversubscribed_notice(world_size: int, threads: int) -> str:
     """The one line a cell shows when its world has more ranks than devices to run them."""
     limit = cpu_limit()
     n = limit.count
-    why = f" Devices here: {limit.describe()}." if limit.source == "quota" else ""
+    why = f" Devices here: {limit.describe()}." if limit.source in ("quota", "slurm") else ""
     return (
         f"helpers.launch: {world_size} ranks × {threads} thread{'s' if threads > 1 else ''} on "
         f"{n} device{'s' if n != 1 else ''} is OVERSUBSCRIBED: ranks take turns on the cores, "

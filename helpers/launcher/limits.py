@@ -9,6 +9,10 @@ scaling. So the device model reads the quota too: cgroup v2 ``cpu.max`` and cgro
 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``, in this process's cgroup and every ancestor up to
 the hierarchy's mount (a parent's quota caps its children).
 
+A Slurm job names its cores on the node in ``SLURM_CPUS_ON_NODE``. Slurm's task plugins
+(affinity, cgroup) also narrow the mask, but a cluster without them (``TaskPlugin=task/none``)
+leaves every core of the node in it: the allocation is then the only limit the job can see.
+
 A device is a whole core: a quota of 1.5 CPUs is 1 device (two ranks would share 1.5 CPUs and
 take turns), a quota under 1 CPU is still 1 device, only a slow one.
 Trusts: the files of /proc and of the mounted cgroup hierarchies; a file it cannot read is a
@@ -41,21 +45,30 @@ class CpuLimit:
     cores: tuple[int, ...] | None  # the affinity mask (None: no affinity API, e.g. macOS)
     machine: int  # os.cpu_count(): the node's cores, for the message
     quota: Quota | None
+    slurm: int | None = None  # SLURM_CPUS_ON_NODE: the job's cores on this node
 
     @property
     def count(self) -> int:
-        """Whole devices: cores in the mask, capped by the quota rounded down, at least 1."""
+        """Whole devices: cores in the mask, capped by the quota rounded down and by the Slurm
+        job's allocation, at least 1."""
         n = len(self.cores) if self.cores is not None else self.machine
         if self.quota is not None:
-            n = min(n, max(1, math.floor(self.quota.cpus + 1e-9)))
+            n = min(n, self._quota_devices())
+        if self.slurm is not None:
+            n = min(n, self.slurm)
         return max(1, n)
+
+    def _quota_devices(self) -> int:
+        return max(1, math.floor(self.quota.cpus + 1e-9))
 
     @property
     def source(self) -> str:
-        """Which limit set ``count``: "quota", "affinity" or "machine"."""
+        """Which limit set ``count``: "quota", "slurm", "affinity" or "machine"."""
         mask = len(self.cores) if self.cores is not None else None
-        if self.quota is not None and self.count < (mask or self.machine):
-            return "quota"
+        if self.count < (mask or self.machine):
+            if self.quota is not None and self._quota_devices() == self.count:
+                return "quota"
+            return "slurm"
         return "affinity" if mask is not None and mask < self.machine else "machine"
 
     def describe(self) -> str:
@@ -71,6 +84,12 @@ class CpuLimit:
                 f"(cgroup v{q.version}, {q.where}),{whole} tighter than the {mask} core"
                 f"{'s' if mask != 1 else ''} this process may run on; more ranks than that "
                 "share the quota and take turns"
+            )
+        if self.source == "slurm":
+            return (
+                f"{devices}: the Slurm job's cores on this node (SLURM_CPUS_ON_NODE={self.slurm}), "
+                f"fewer than the {mask} core{'s' if mask != 1 else ''} this process may run on"
+                f"{self._no_tighter_quota()}"
             )
         if self.source == "affinity":
             return (
@@ -95,7 +114,16 @@ def cpu_limit(root: Path = ROOT) -> CpuLimit:
         cores = tuple(sorted(os.sched_getaffinity(0)))
     except AttributeError:  # macOS: no affinity API, and no cgroups either
         cores = None
-    return CpuLimit(cores=cores, machine=os.cpu_count() or 1, quota=tightest_quota(root))
+    return CpuLimit(
+        cores=cores, machine=os.cpu_count() or 1, quota=tightest_quota(root), slurm=slurm_cpus()
+    )
+
+
+def slurm_cpus() -> int | None:
+    """The Slurm job's cores on this node (``SLURM_CPUS_ON_NODE``), or None outside a job; a
+    value that is not a whole number above 0 is no limit (never an error)."""
+    raw = os.environ.get("SLURM_CPUS_ON_NODE", "")
+    return int(raw) if raw.strip().isdigit() and int(raw) > 0 else None
 
 
 def tightest_quota(root: Path = ROOT) -> Quota | None:

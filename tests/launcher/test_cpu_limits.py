@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.launcher.limits import CpuLimit, Quota, cpu_limit, tightest_quota
+from helpers.launcher.limits import CpuLimit, Quota, cpu_limit, slurm_cpus, tightest_quota
 
 REPO = Path(__file__).resolve().parents[2]
 V1 = Path("/sys/fs/cgroup")
@@ -395,3 +395,37 @@ def test_a_v2_quota_for_real():
 def test_quota_dataclass_rounds_small_quotas_up_to_one_device():
     q = Quota(cpus=0.25, where="x", version=1)
     assert CpuLimit(cores=(0, 1), machine=2, quota=q).count == 1
+
+
+def test_a_slurm_allocation_caps_the_devices(monkeypatch):
+    """A job on a cluster without Slurm's task plugins keeps every core in its mask: the
+    allocation, SLURM_CPUS_ON_NODE, is then what the device model reads."""
+    monkeypatch.setenv("SLURM_CPUS_ON_NODE", "2")
+    limit = CpuLimit(cores=tuple(range(64)), machine=64, quota=None, slurm=slurm_cpus())
+    assert limit.count == 2 and limit.source == "slurm"
+    assert "SLURM_CPUS_ON_NODE=2" in limit.describe() and "64 cores" in limit.describe()
+    # the tightest wins: a quota under the allocation, and a mask under both
+    q = Quota(cpus=1.0, where="cpu.max", version=2)
+    assert CpuLimit(cores=tuple(range(64)), machine=64, quota=q, slurm=2).source == "quota"
+    narrow = CpuLimit(cores=(0,), machine=64, quota=None, slurm=2)
+    assert narrow.count == 1 and narrow.source == "affinity"
+    for odd in ("", "0", "-3", "two", "1.5"):
+        monkeypatch.setenv("SLURM_CPUS_ON_NODE", odd)
+        assert slurm_cpus() is None, odd
+
+
+def test_a_process_in_a_slurm_job_of_one_core_calls_two_ranks_oversubscribed():
+    """A fresh process with SLURM_CPUS_ON_NODE=1: one device, and the launch notice says why."""
+    code = (
+        "from helpers.launcher import world, launch\n"
+        "print(world.cpu_count(), world.oversubscribed(2), world.oversubscribed(1))\n"
+        "print(launch.oversubscribed_notice(2, 1))\n"
+    )
+    env = {**os.environ, "SLURM_CPUS_ON_NODE": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    first, notice = out.stdout.splitlines()[:2]
+    assert first == "1 True False"
+    assert "SLURM_CPUS_ON_NODE=1" in notice
