@@ -24,6 +24,7 @@ sys.path.insert(0, str(REPO / "tests"))
 LONGEST_FIRST = (
     "test_course_run_labs.py",
     "test_course_run.py",
+    "test_class_grading.py",  # every lab's class, graded: one file of several minutes
     "test_grade.py",
     "test_hub.py",
     "test_nbgrader_interop.py",

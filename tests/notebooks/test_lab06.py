@@ -8,11 +8,11 @@ skip ignored, a ratio of medians or of sums; a time to target that ignores the t
 accepts a loss equal to the target, counts only the crossing epoch's seconds or those before it,
 numbers epochs from 0, takes the last crossing, reports the end of training when the target is
 never reached, or rounds the seconds. The zoo, the training runs, the ViT, the sweep and the plots
-grade nothing and are left out. The grader grades the first wrong answer of every question in two
-halves, each the released lab filled in (each wrong in every other question: a wrong answer costs
-its own points and only those); every wrong answer is also checked in one kernel against its
-question's test cell, hidden parts included, and so is each unfinished cell of the released lab
-(lab_grading.wrong_answer_verdicts).
+grade nothing and are left out. The grader (tests/notebooks/test_class_grading.py) grades the
+first wrong answer of every question in two halves, each the released lab filled in (each wrong in
+every other question: a wrong answer costs its own points and only those); every wrong answer is
+also checked in one kernel against its question's test cell, hidden parts included, and so is each
+unfinished cell of the released lab (lab_grading.wrong_answer_verdicts).
 """
 
 from __future__ import annotations
@@ -245,23 +245,6 @@ def test_the_sweep_point_notebook_writes_what_it_measured(tmp_path):
         assert r["params"] == 740_554 and len(r["step seconds"]) == 2
         assert r["bytes/step"] == ([4 * 740_554] * 2 if n == 2 else [])
         assert all(s > 0 for s in r["step seconds"])
-
-
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("lab06")
-    return lab_grading.grade_trimmed(LAB, STUDENT, WRONG, UNGRADED, tmp)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1800)  # grading the class (the fixture) runs inside the first test
-def test_right_answers_score_every_automatic_point(graded):
-    lab_grading.assert_right_answers_score_every_point(graded, WRONG, AUTO, MANUAL)
-    assert sum(AUTO.values()) == 4
-
-
-def test_each_plausible_wrong_answer_loses_its_points(graded):
-    lab_grading.assert_wrong_answers_lose_their_points(graded, WRONG, AUTO)
 
 
 verdict_run, test_replaying_the_locked_helpers_of_another_seed_scores_nothing = (
