@@ -218,7 +218,8 @@ def same_cell_order(recorded_nb, student: Path) -> None:
 def replayable_tests(lab: Path) -> set[str]:
     """Graded tests whose probe reads no name a student's answer cell binds: it reaches the
     student's code only through locked helpers, so a faithful replay at the recording's seed
-    passes it."""
+    passes it. A probe that pulls from the live world (``interactive.pull``) reads what the
+    student's ``%%ranks`` cell left on the ranks, no kernel name: not replayable either."""
     nb = nbformat.read(lab, as_version=4)
     answers = set()
     for c in nb.cells:
@@ -229,7 +230,8 @@ def replayable_tests(lab: Path) -> set[str]:
         for c in nb.cells
         if c.cell_type == "code"
         and cells.is_graded(c)
-        and not cells.read_names(cells.split_test(c.source)[0]) & answers
+        and not cells.read_names(probe := cells.split_test(c.source)[0]) & answers
+        and "interactive.pull(" not in probe
     }
 
 

@@ -137,10 +137,20 @@ def _scopes(table):
         yield from _scopes(child)
 
 
+def python(code: str) -> str:
+    """``code`` as the kernel runs it: a cell magic (``%%ranks``) or a line magic becomes the
+    call IPython makes of it, so a live world's cell binds and reads no kernel name."""
+    if not code.lstrip().startswith("%"):
+        return code
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    return TransformerManager().transform_cell(code)
+
+
 def bound_names(code: str) -> dict[str, str]:
     """Names the top level of ``code`` binds: name -> 'assigned' | 'imported' | 'defined'."""
     out = {}
-    for sym in symtable.symtable(code, "<cell>", "exec").get_symbols():
+    for sym in symtable.symtable(python(code), "<cell>", "exec").get_symbols():
         if sym.is_imported():
             out[sym.get_name()] = "imported"
         elif sym.is_namespace():
@@ -152,7 +162,7 @@ def bound_names(code: str) -> dict[str, str]:
 
 def read_names(code: str) -> set[str]:
     """Global names ``code`` reads and does not bind itself (builtins left out)."""
-    top = symtable.symtable(code, "<cell>", "exec")
+    top = symtable.symtable(python(code), "<cell>", "exec")
     bound = set(bound_names(code))
     read = {s.get_name() for s in top.get_symbols() if s.is_referenced()}
     for scope in list(_scopes(top))[1:]:

@@ -1,6 +1,8 @@
 """Lab 05's checks: the hidden cases of each test, drawn from the run's seed
-(``COURSE_HIDDEN_SEED``). The probe draws them in the student's kernel and the check draws them
-again in the grader's, so a table of another run's answers finds none of this run's cases."""
+(``COURSE_HIDDEN_SEED``), and the references the checks compare against (``plan_reference``,
+``lars_reference``). The probe draws the cases in the student's kernel and the check draws them
+again in the grader's, so a table of another run's answers finds none of this run's cases. The
+runs of the student's code are in lab05_runs."""
 
 from __future__ import annotations
 
@@ -100,3 +102,53 @@ def lars_cases(seed: int) -> list[tuple[dict, list, list]]:
         ]
         cases.append((hyper, init, grads))
     return cases
+
+
+def plan_reference(global_batch: int, world_size: int, max_micro: int) -> tuple[int, int]:
+    """(micro, k): the fewest micro-batches per rank that make ``global_batch``, each at most
+    ``max_micro`` samples (the batch splits evenly over the ranks)."""
+    per = global_batch // world_size
+    k = next(k for k in range(1, per + 1) if per % k == 0 and per // k <= max_micro)
+    return per // k, k
+
+
+def near(got, want, what: str) -> None:
+    """test_lars: ``got`` and ``want`` (lists of parameters as lists of numbers) agree to 1e-5."""
+    flat_got = [x for t in got for x in t]
+    flat_want = [x for t in want for x in t]
+    assert len(flat_got) == len(flat_want) and all(
+        abs(g - w) < 1e-5 for g, w in zip(flat_got, flat_want, strict=True)
+    ), f"{what}: got {got}, expected {want}"
+
+
+def lars_reference(hyper: dict, init, grads) -> list:
+    """The lab's LARS, step by step, in each parameter's own dtype: the parameters after each
+    step of ``grads`` from ``init`` (a trust ratio for tensors of ndim > 1, none for biases)."""
+    ps, vs, out = [t.clone() for t in init], [torch.zeros_like(t) for t in init], []
+    for gs in grads:
+        for i, g in enumerate(gs):
+            d = g
+            if ps[i].ndim > 1:
+                wn, gn = ps[i].norm(), g.norm()
+                ratio = (hyper["trust"] * wn / (gn + hyper["weight_decay"] * wn)
+                         if wn > 0 and gn > 0 else 1.0)  # fmt: skip
+                d = ratio * (g + hyper["weight_decay"] * ps[i])
+            vs[i] = hyper["momentum"] * vs[i] + d
+            ps[i] = ps[i] - hyper["lr"] * vs[i]
+        out.append([p.clone() for p in ps])
+    return out
+
+
+def lars_matches(got, case) -> None:
+    """test_lars's hidden check of one drawn case: every step's parameters, dtype and shape."""
+    want = lars_reference(*case)
+    assert len(got) == len(want)
+    for after, ref in zip(got, want, strict=True):
+        assert len(after) == len(ref)
+        for p, w in zip(after, ref, strict=True):
+            tol = 1e-10 if w.dtype == torch.float64 else 1e-5
+            assert (
+                p.dtype == w.dtype
+                and p.shape == w.shape
+                and torch.allclose(p, w, rtol=tol, atol=tol)
+            ), case[0]

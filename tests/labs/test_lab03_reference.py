@@ -120,6 +120,52 @@ def _exact(points, budget):
     return max(0, math.floor((budget - (p0 - per_sample * b0)) / per_sample))
 
 
+def test_the_checks_exact_largest_batch_is_the_exact_lines():
+    for seed in range(5):
+        for case in lab03.largest_cases(seed, 6_000_000)[0]:
+            assert lab03.exact_largest(*case) == _exact(*case), case
+    assert lab03.exact_largest(((10, 1300), (50, 2500)), 1000 + 30 * 77 + 29) == 77
+
+
+def _zero_redundancy_state(seeds):
+    """On every rank: the bytes of Adam state torch's ZeroRedundancyOptimizer keeps after one
+    step of each seed's live-world model (what the lab's %%ranks cell measures)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from helpers.measure.memory import nbytes, optimizer_tensors
+
+    out = []
+    for seed in seeds:
+        torch.manual_seed(0)
+        model = DDP(helpers.models.coordinate_mlp(26, *lab03.world_case(seed)))
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-3)
+        ((model(torch.randn(8, 26)) - torch.rand(8, 3)) ** 2).mean().backward()
+        opt.step()
+        out.append(nbytes(optimizer_tensors(opt.optim)))
+    return out
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_the_live_worlds_reference_is_torchs_zero_redundancy_partition(world_size):
+    seeds = [0, 7, 2, 6, 4]  # the plain run's, the verdict kernel's, the most and least even
+    per_rank = helpers.launch(
+        _zero_redundancy_state, seeds, world_size=world_size, backend="gloo", output="none"
+    )
+    for i, seed in enumerate(seeds):
+        held = [r[i] for r in per_rank]
+        assert held == lab03.world_state_bytes(seed, world_size), (seed, held)
+        P = lab03.coordinate_params(*lab03.world_case(seed))
+        assert sum(held) == 8 * P  # each moment kept once, somewhere
+
+
+def test_the_live_worlds_models_differ_by_seed_and_leave_the_ranks_unequal():
+    drawn = {lab03.world_case(seed) for seed in SEEDS}
+    assert len(drawn) > len(SEEDS) // 2
+    assert lab03.world_state_bytes(0) != lab03.world_state_bytes(7)  # a plain run's table fails
+    assert sum(len(set(lab03.world_state_bytes(seed))) == 2 for seed in SEEDS) == len(SEEDS)
+
+
 def test_the_lines_sit_on_both_sides_of_every_boundary_at_every_scale():
     for seed in SEEDS:
         lines, budget = lab03.largest_cases(seed, 6_000_000)

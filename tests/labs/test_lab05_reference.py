@@ -5,6 +5,7 @@ for every seed."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from helpers.labs import lab05
 
@@ -39,6 +40,42 @@ def test_the_warmups_start_at_zero_steps_and_reach_peaks_both_sides_of_the_base(
         for w in {warm for *_, warm in cases}:  # both sides of each warmup's end
             steps = {step for step, *_, warm in cases if warm == w}
             assert {0, w, w + 1} <= steps and max(w - 1, 0) in steps
+
+
+def test_the_plan_reference_is_the_fewest_micro_batches_that_fit():
+    for b, n, m in [c for s in range(5) for c in lab05.plan_cases(s)]:
+        micro, k = lab05.plan_reference(b, n, m)
+        assert micro * k * n == b and micro <= m
+        assert all((b // n) % j or (b // n) // j > m for j in range(1, k)), (b, n, m)
+    assert lab05.plan_reference(2048, 2, 256) == (256, 4)
+
+
+def test_the_lars_reference_is_the_worked_example_of_the_lab():
+    """Trust 0.1, lr 1, no weight decay: [3, 4] with gradient [0, 1] moves by 0.5 * [0, 1]; the
+    weight 2 with gradient -0.5 by 0.4 * -0.5; the biases by their gradients."""
+    init = [
+        torch.tensor([[3.0, 4.0]]),
+        torch.tensor([2.0]),
+        torch.tensor([[2.0]]),
+        torch.tensor([-1.0]),
+    ]
+    grads = [
+        [
+            torch.tensor([[0.0, 1.0]]),
+            torch.tensor([0.5]),
+            torch.tensor([[-0.5]]),
+            torch.tensor([1.0]),
+        ]
+    ]
+    hyper = {"lr": 1.0, "momentum": 0.9, "weight_decay": 0.0, "trust": 0.1}
+    after = lab05.lars_reference(hyper, init, grads)[0]
+    lab05.near(
+        [p.flatten().tolist() for p in after], [[3.0, 3.5], [1.5], [2.2], [-2.0]], "one step"
+    )
+    with pytest.raises(AssertionError, match="one step"):
+        lab05.near(
+            [[3.0, 4.0], [1.5], [2.2], [-2.0]], [[3.0, 3.5], [1.5], [2.2], [-2.0]], "one step"
+        )
 
 
 @pytest.mark.parametrize(

@@ -10,9 +10,13 @@ re-created every step, gradients summed again, strided shards read back in order
 forgotten, a float64 buffer for every dtype; bytes per rank with Adam's state counted once,
 unpadded or floored shards, a number of padding always added, the gradients sharded at stage 1, the
 parameters never sharded, SGD given a state, mixed precision's bytes in fp32, stage 2 and 3
-swapped. The grader grades the first wrong answer of every question in two halves, each the
-released lab filled in (each wrong in every other question: a wrong answer costs its own points and
-only those); every wrong answer is also checked in one kernel against its question's test cell,
+swapped; on the live world (%%ranks), what each rank of PyTorch's ZeRO-1 holds answered with DDP's
+whole Adam, the total split without its remainder, ZeroOne's flat shard, flat halves, the
+parameters, the parameters owned, rank 0 alone, the step counters counted, the all-reduced total,
+and a typed table of a plain run's bytes (seed 0's model: another seed's is another).
+The grader grades the first wrong answer of every question in two halves, each the released lab
+filled in (each wrong in every other question: a wrong answer costs its own points and only
+those); every wrong answer is also checked in one kernel against its question's test cell,
 hidden parts included, and so is each unfinished cell of the released lab
 (lab_grading.wrong_answer_verdicts). The ungraded timing, fitting and plot cells are left out.
 """
@@ -33,6 +37,7 @@ AUTO = {
     "test_psnr": 2,
     "test_zero_one": 4,
     "test_per_rank_bytes": 2,
+    "test_zero_held": 1,
 }
 MANUAL = {"answer_batch_time", "answer_two_devices", "answer_zero_cost"}
 
@@ -232,15 +237,87 @@ WRONG = {
         ],
     ),
 }
+
+
+def world(
+    body: str,
+    measure: str = "state_bytes = helpers.memory.nbytes(helpers.memory.optimizer_tensors(opt.optim))",
+) -> str:
+    """The live world's %%ranks cell: one ZeroRedundancyOptimizer step, then ``measure``."""
+    return f"""%%ranks
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+torch.manual_seed(0)
+model = DDP(helpers.models.coordinate_mlp(26, *zero_model))
+{body}
+x, y = torch.randn(8, 26), torch.rand(8, 3)
+((model(x) - y) ** 2).mean().backward()
+opt.step()
+P = sum(p.numel() for p in model.parameters())
+{measure}
+"""
+
+
+ZERO_OPT = (
+    "opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-3)"
+)
+WRONG["zero_world"] = (
+    "test_zero_held",
+    [
+        # the unsharded total: DDP's whole Adam on every rank
+        world(
+            "opt = torch.optim.Adam(model.parameters(), lr=1e-3)",
+            "state_bytes = helpers.memory.nbytes(helpers.memory.optimizer_tensors(opt))",
+        ),
+        # the total over the ranks, without the remainder
+        world(ZERO_OPT, "state_bytes = 8 * (P // world_size)"),
+        # the flat shard of ZeroOne, s = ceil(P / n): not how PyTorch's ZeRO-1 deals tensors
+        world(ZERO_OPT, "import math\nstate_bytes = 8 * math.ceil(P / world_size)"),
+        # flat halves, the remainder on the last rank: the right sum, the wrong ranks
+        world(
+            ZERO_OPT,
+            "state_bytes = 8 * (P // world_size + (rank == world_size - 1) * (P % world_size))",
+        ),
+        # the parameters instead of the optimizer state
+        world(ZERO_OPT, "state_bytes = helpers.memory.nbytes(list(model.parameters()))"),
+        # the parameters this rank's optimizer owns, not their two moments
+        world(
+            ZERO_OPT,
+            'state_bytes = 4 * sum(p.numel() for g in opt.optim.param_groups for p in g["params"])',
+        ),
+        # measured on rank 0 only: the other rank has no answer
+        world(
+            ZERO_OPT,
+            "if rank == 0:\n"
+            "    state_bytes = helpers.memory.nbytes(helpers.memory.optimizer_tensors(opt.optim))",
+        ),
+        # the 0-d step counters counted too
+        world(
+            ZERO_OPT,
+            "state_bytes = sum(t.numel() * t.element_size() for s in opt.optim.state.values()"
+            " for t in s.values())",
+        ),
+        # the total of every rank, all-reduced, on each
+        world(
+            ZERO_OPT,
+            "t = torch.tensor(helpers.memory.nbytes(helpers.memory.optimizer_tensors(opt.optim)))\n"
+            "dist.all_reduce(t)\nstate_bytes = int(t)",
+        ),
+        # a table of a plain run: seed 0's model's bytes, typed
+        world(ZERO_OPT, "state_bytes = [50176, 39896][rank]"),
+    ],
+)
+
 # the timing, fitting and plotting cells grade nothing: a class is graded without them
 UNGRADED = (
     "def epoch_times(",
     "timed = list(times)",
-    "def fit_image(",
-    "def grid(",
+    "lab03_runs.fit_image",
+    "lab03_report.grids(",
     "shown = [",
     "by_part = pd.DataFrame(",
-    "def against(",
+    "lab03_report.step_time_verdicts(",
     "measured = {0: ",
 )
 
@@ -372,24 +449,7 @@ def test_the_right_parts_of_the_wrong_answer_templates_are_the_solution():
 def test_the_unfinished_student_version_says_what_to_do():
     student = nbformat.read(STUDENT, as_version=4)
     stubs = [c.source for c in student.cells if "NotImplementedError" in c.source]
-    assert len(stubs) == 4  # largest_batch_from, psnr, ZeroOne, per_rank_bytes
-
-
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("lab03")
-    return lab_grading.grade_trimmed(LAB, STUDENT, WRONG, UNGRADED, tmp)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1800)  # grading the class (the fixture) runs inside the first test
-def test_right_answers_score_every_automatic_point(graded):
-    lab_grading.assert_right_answers_score_every_point(graded, WRONG, AUTO, MANUAL)
-    assert sum(AUTO.values()) == 10
-
-
-def test_each_plausible_wrong_answer_loses_its_points(graded):
-    lab_grading.assert_wrong_answers_lose_their_points(graded, WRONG, AUTO)
+    assert len(stubs) == 5  # largest_batch_from, psnr, ZeroOne, per_rank_bytes, the %%ranks cell
 
 
 verdict_run, test_replaying_the_locked_helpers_of_another_seed_scores_nothing = (

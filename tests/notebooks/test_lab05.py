@@ -330,23 +330,6 @@ def test_the_unfinished_student_version_says_what_to_do():
     lab_grading.assert_student_version_has_stubs(STUDENT, 3)
 
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("lab05")
-    return lab_grading.grade_trimmed(LAB, STUDENT, WRONG, UNGRADED, tmp)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1800)  # grading the class (the fixture) runs inside the first test
-def test_right_answers_score_every_automatic_point(graded):
-    lab_grading.assert_right_answers_score_every_point(graded, WRONG, AUTO, MANUAL)
-    assert sum(AUTO.values()) == 7
-
-
-def test_each_plausible_wrong_answer_loses_its_points(graded):
-    lab_grading.assert_wrong_answers_lose_their_points(graded, WRONG, AUTO)
-
-
 verdict_run, test_replaying_the_locked_helpers_of_another_seed_scores_nothing = (
     lab_grading.verdict_and_replay(LAB, STUDENT, WRONG, UNGRADED, AUTO)
 )
