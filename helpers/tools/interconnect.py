@@ -293,35 +293,73 @@ def fits(rates: dict) -> dict:
 
 def allreduce_rows(across: dict, within: dict) -> list[dict]:
     """A row per link: the configured rate's payload bandwidth (the anchor) and the fitted β
-    (median and range over the repeats, MB/s), α and R² of the fit of all points."""
+    (median and range over the repeats, MB/s), α and R² of the fit of all points. Where that R²
+    is below the course's floor (``findings.R2_FLOOR``) α and β are left blank: such a fit
+    measures neither."""
+    from helpers.measure.findings import R2_FLOOR
+
     rows = []
     for rate, f in {**fits(across["rates"]), **fits(within["rates"])}.items():
         betas = sorted(a.beta / 1e6 for a in f["repeats"])
+        usable = f["pooled"].r2 >= R2_FLOOR
         rows.append({
             "link": link_name(rate),
             "configured payload MB/s": expected_bandwidth(rate) / 1e6 if rate else None,
-            "fitted β MB/s (median)": betas[len(betas) // 2],
-            "β min": betas[0],
-            "β max": betas[-1],
-            "α µs (all points)": f["pooled"].alpha * 1e6,
+            "fitted β MB/s (median)": betas[len(betas) // 2] if usable else None,
+            "β min": betas[0] if usable else None,
+            "β max": betas[-1] if usable else None,
+            "α µs (all points)": f["pooled"].alpha * 1e6 if usable else None,
             "R²": f["pooled"].r2,
         })  # fmt: skip
     return rows
 
 
+def fit_verdict(run: dict, rate):
+    """``findings.fit`` of the link's fit of all points, with no prediction: usable or not."""
+    from helpers.measure import findings
+
+    r2 = fits(run["rates"])[rate]["pooled"].r2
+    return findings.fit(f"t = α + S/β {_over(rate)}", r2)
+
+
+def _over(rate) -> str:
+    return "within one node" if rate is None else f"over the {rate:g} Mbit/s link"
+
+
 def anchor(across: dict, rate: float):
-    """``findings.fit``: does the configured rate (payload share counted) fall inside the range
-    of the fitted bandwidths of the repeats? The physical limit as the fit's check."""
+    """The wire's payload rate R (the configured rate less the headers) against the range of β
+    fitted to each sweep, as a one-sided limit: no link carries more than its rate, so β above R
+    is the fit's noise, and β below R means the wire did not set the pace. Verdicts: "at the
+    limit" (R inside the range), "below the limit", "above the limit", or findings.fit's
+    "unusable" where the fit of all points is below the R² floor."""
     from helpers.measure import findings
 
     f = fits(across["rates"])[rate]
-    return findings.fit(
-        f"t = α + S/β over the {rate:g} Mbit/s link",
-        f["pooled"].r2,
-        predicted=expected_bandwidth(rate) / 1e6,
-        measured=[a.beta / 1e6 for a in f["repeats"]],
-        unit="MB/s",
-    )
+    name = f"t = α + S/β {_over(rate)}"
+    r2 = f["pooled"].r2
+    if r2 < findings.R2_FLOOR:
+        return findings.fit(name, r2)
+    wire = expected_bandwidth(rate) / 1e6
+    betas = [a.beta / 1e6 for a in f["repeats"]]
+    lo, hi = min(betas), max(betas)
+    span = f"fitted β {findings.fmt(lo)}–{findings.fmt(hi)} MB/s ({len(betas)} sweeps)"
+    head = f"The fit **{name}** (R² = {r2:.3f}): the {span} "
+    wire_s = f"the wire's payload rate R = {findings.fmt(wire)} MB/s"
+    if lo <= wire <= hi:
+        verdict = "at the limit"
+        text = f"holds {wire_s}: the wire set the pace, and the fit recovers its rate."
+    elif hi < wire:
+        verdict = "below the limit"
+        text = (f"lies below {wire_s} (by {(wire - hi) / wire:.1%} at the nearest): the wire "
+                "was not the bottleneck; something slower set the pace.")  # fmt: skip
+    else:
+        verdict = "above the limit"
+        text = (f"lies above {wire_s} (by {(lo - wire) / wire:.1%} at the nearest): no link "
+                "carries more than its rate, so that excess is the fit's noise (or headers "
+                "counted wrong), not a faster wire.")  # fmt: skip
+    record = {"kind": "fit", "what": name, "verdict": verdict}
+    return findings.Finding(head + text, verdict, {"r2": r2, "rate": wire, "beta_min": lo,
+                                                    "beta_max": hi}, record)  # fmt: skip
 
 
 def ddp_rows(across: dict, within: dict) -> list[dict]:

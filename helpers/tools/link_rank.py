@@ -32,11 +32,21 @@ SETUPS = {
     # one before it finishes) in a different order on each rank, and a rank aborts
     "PowerSGD rank 1, one bucket": (25.0, 1),
 }
-# the token bucket: a node may send this much at once after an idle spell (two jumbo frames: tbf
-# needs at least one). It lowers the time of a message longer than it by burst / rate, the
-# intercept of t = α + S/β, and leaves the slope 1/β alone, so message sizes start well above it
-BURST = "18kb"
+# the token bucket: a node may send this much at once after an idle spell. At least two jumbo
+# frames (tbf needs one), and at fast rates BURST_MS of traffic: tbf sends only while the bucket
+# holds tokens and waits for a timer while it refills, and a bucket of two frames at 1 Gbit/s is
+# empty again after 147 µs, shorter than a timer that fires late on a busy machine, so the link
+# would idle below its rate (tc-tbf(8): the burst must be at least rate/HZ). The burst lowers the
+# time of a message longer than it by burst / rate, the intercept of t = α + S/β, and leaves the
+# slope 1/β alone: message sizes (``sizes``, from 4 ms on the wire) start at twice BURST_MS
+MIN_BURST = 18 * 1024  # bytes (18 KiB): two jumbo frames
+BURST_MS = 2.0
 QUEUE = "50ms"  # packets wait at most this long in the bucket's queue before being dropped
+
+
+def burst(rate_mbit: float) -> int:
+    """The token bucket's size in bytes at ``rate_mbit``: BURST_MS of traffic, MIN_BURST at least."""
+    return max(MIN_BURST, int(rate_mbit * 1e6 / 8 * BURST_MS / 1e3))
 
 
 def shape_command(dev: str, rate_mbit: float | None) -> list[str]:
@@ -44,7 +54,7 @@ def shape_command(dev: str, rate_mbit: float | None) -> list[str]:
     if rate_mbit is None:
         return ["tc", "qdisc", "del", "dev", dev, "root"]
     rate = f"{rate_mbit:g}mbit"
-    return ["tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", BURST,
+    return ["tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", str(burst(rate_mbit)),
             "latency", QUEUE]  # fmt: skip
 
 
