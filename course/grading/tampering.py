@@ -44,10 +44,13 @@ def flags(source, assembled: list) -> list[str]:
         if cell.cell_type != "code" or cells.is_locked(cell) or cell.source in shipped:
             continue
         try:
-            tree = ast.parse(cell.source)
+            tree, ranks = _kernel_tree(cell.source)
         except SyntaxError:
             continue  # it fails as it runs; nothing in it ran to rebind anything
         what = _rebinds(tree, given) + _patches(tree, modules) + _calls(tree)
+        # a %%ranks body runs on the ranks: it patches their modules, it binds no kernel name
+        for body in ranks:
+            what += _patches(body, modules) + _calls(body)
         if what:
             who = "your answer" if cells.grade_id(cell) else "a cell of yours"
             notes.append(
@@ -142,13 +145,35 @@ def _calls(tree) -> list[str]:
     return sorted(set(found))
 
 
+def _kernel_tree(source: str):
+    """(the tree of the code ``source`` runs in the kernel, the trees of its %%ranks bodies): a
+    magic (``%%capture``, ``%time``) becomes IPython's call of it, and the code it is given is
+    parsed too where it is Python, so a line starting with ``%`` hides nothing."""
+    tree, ranks = ast.parse(cells.python(source)), []
+    for node in list(ast.walk(tree)):
+        name = getattr(node.func, "attr", None) if isinstance(node, ast.Call) else None
+        if name in ("run_cell_magic", "run_line_magic"):
+            args = [a.value for a in node.args if isinstance(a, ast.Constant)]
+            for text in args[1:]:
+                try:
+                    inner, deeper = _kernel_tree(text)
+                except SyntaxError:
+                    continue  # an argument, not code
+                if args[0] == "ranks":
+                    ranks += [inner, *deeper]
+                else:
+                    tree.body += inner.body
+                    ranks += deeper
+    return tree, ranks
+
+
 def _imports(cell) -> set[str]:
     """The names a code cell binds to modules by ``import`` (``import helpers.measure.comm``
     binds helpers; ``from helpers import comm`` binds comm)."""
     if cell.cell_type != "code":
         return set()
     try:
-        tree = ast.parse(cell.source)
+        tree = _kernel_tree(cell.source)[0]
     except SyntaxError:
         return set()
     out = set()
