@@ -328,18 +328,31 @@ def _add_record(sub) -> None:
     rec = sub.add_parser(
         "record", help="run notebooks and store their outputs in them (then commit)"
     )
-    rec.add_argument("notebooks", nargs="+")
+    rec.add_argument("notebooks", nargs="*", help="(default with --from: the whole syllabus)")
     rec.add_argument("--profile", default="quick", choices=("quick", "full"))
+    rec.add_argument(
+        "--from",
+        dest="build",
+        metavar="BUILD",
+        help="store the outputs of `course run --out BUILD` instead of running again (the "
+        "same code, run to the end with --profile)",
+    )
     rec.set_defaults(handler=_record)
 
 
 def _record(args) -> int:
-    from course.record import record
-    from course.run import select
+    from course.record import adopt, record
+    from course.run import output_path, select
     from course.syllabus import load_syllabus
 
+    if not args.notebooks and not args.build:
+        raise SystemExit("name the notebooks to record, or --from BUILD for the whole syllabus")
     for entry in select(load_syllabus(), args.notebooks):
-        print(f"recorded {record(entry.path, entry.parameters(args.profile))}")
+        if args.build:
+            executed = output_path(entry.path, args.build)
+            print(f"recorded {adopt(executed, entry.path, args.profile)} from {executed}")
+        else:
+            print(f"recorded {record(entry.path, entry.parameters(args.profile))}")
     return 0
 
 

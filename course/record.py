@@ -67,3 +67,53 @@ def record(path: Path | str, parameters: dict | None = None, timeout: int = 600)
         nb = normalise(nbformat.read(out, as_version=4))
     path.write_text(nbformat.writes(nb) + "\n", encoding="utf-8")
     return path
+
+
+def adopt(
+    executed: Path | str, reference: Path | str, profile: str = "quick", to: Path | None = None
+) -> Path:
+    """Store `course run`'s executed copy of ``reference`` as its recording (in ``reference``, or
+    ``to``), when it ran the same code, to the end, with ``profile``.
+
+    Why: one clean run of the main job on an idle machine is then both the timing the README gives
+    and the recording the suite compares later builds against, instead of a second run that
+    measures something else. Anything else is refused with what to do: a copy of other code
+    would store outputs no cell of the notebook makes.
+    """
+    executed, reference = Path(executed), Path(reference).resolve()
+    if not executed.exists():
+        raise SystemExit(f"{executed} does not exist: run `course run --out BUILD` first")
+    run = nbformat.read(executed, as_version=4)
+    ran = run.metadata.get("course_run")
+    source = run.metadata.get("papermill", {}).get("input_path")
+    if ran is None or source is None:
+        raise SystemExit(f"{executed} was not executed by `course run`: record {reference} instead")
+    if not ran.get("ok"):
+        raise SystemExit(f"{executed} failed ({ran.get('error')}): fix it and run it again")
+    if ran.get("profile") != profile:
+        raise SystemExit(f"{executed} ran the {ran.get('profile')!r} profile, not {profile!r}")
+    rel = reference.relative_to(REPO)
+    root = Path(source).parents[len(rel.parts) - 1]  # the checkout the build ran in
+    run.metadata.pop("course_run", None)  # how the build's run ended: checked above
+    nb = normalise(run, root)
+    differs = _first_difference(nb, nbformat.read(reference, as_version=4))
+    if differs is not None:
+        raise SystemExit(
+            f"{executed} ran other code than {rel} ({differs}): build again from this checkout, "
+            f"or `course record {rel}`"
+        )
+    to = Path(to) if to is not None else reference
+    to.write_text(nbformat.writes(nb) + "\n", encoding="utf-8")
+    return to
+
+
+def _first_difference(executed, reference) -> str | None:
+    """Where two notebooks' cells differ in kind or source, or None when they hold the same."""
+    a = [(c.cell_type, c.source) for c in executed.cells]
+    b = [(c.cell_type, c.source) for c in reference.cells]
+    if len(a) != len(b):
+        return f"{len(a)} cells against {len(b)}"
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        if x != y:
+            return f"cell {i} differs"
+    return None

@@ -111,3 +111,53 @@ def test_a_notebook_outside_the_syllabus_is_refused():
         text=True,
     )
     assert proc.returncode != 0 and "not in syllabus.yml" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2700)  # run alone, the lectures' run happens inside this test
+def test_a_build_is_adopted_as_the_recording_only_when_it_ran_the_same_code(build, tmp_path):
+    from course.record import adopt
+
+    out, _ = build
+    reference = REPO / "lectures" / "00_setup_check.ipynb"
+    stored = nbformat.read(
+        adopt(out / "lectures" / reference.name, reference, to=tmp_path / "r.ipynb"), 4
+    )
+    assert "papermill" not in stored.metadata
+    assert [c.source for c in stored.cells] == [c.source for c in nbformat.read(reference, 4).cells]
+    text = "".join(o.get("text", "") for c in stored.cells for o in c.get("outputs", []))
+    assert "I am rank 1 of 2" in text and str(out) not in text and str(REPO) not in text
+    counts = [c.execution_count for c in stored.cells if c.cell_type == "code" and c.outputs]
+    assert counts == sorted(counts) and counts[0] >= 1
+
+
+def _executed_copy(tmp_path, profile="quick", ok=True, edit=None):
+    """A notebook as `course run` leaves it, made by hand: the refusals need no kernel."""
+    reference = REPO / "lectures" / "00_setup_check.ipynb"
+    nb = nbformat.read(reference, 4)
+    nb.metadata["papermill"] = {"input_path": str(reference)}
+    nb.metadata["course_run"] = {"profile": profile, "ok": ok, "error": "" if ok else "boom"}
+    if edit is not None:
+        nb.cells[edit].source += "\nprint('changed')"
+    path = tmp_path / "executed.ipynb"
+    nbformat.write(nb, path)
+    return path, reference
+
+
+@pytest.mark.parametrize(
+    "case, says",
+    [
+        ({"edit": 2}, "ran other code"),
+        ({"ok": False}, r"failed \(boom\)"),
+        ({"profile": "full"}, "ran the 'full' profile"),
+    ],
+)
+def test_a_build_of_other_code_a_failed_run_or_another_profile_is_refused(tmp_path, case, says):
+    from course.record import adopt
+
+    executed, reference = _executed_copy(tmp_path, **case)
+    with pytest.raises(SystemExit, match=says):
+        adopt(executed, reference, to=tmp_path / "r.ipynb")
+    assert not (tmp_path / "r.ipynb").exists()
+    ok, _ = _executed_copy(tmp_path)
+    assert adopt(ok, reference, to=tmp_path / "r.ipynb").exists()  # the same, as it ran: stored
