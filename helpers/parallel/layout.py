@@ -5,8 +5,9 @@
 "dp" column a slice of the global batch, and the gradients are averaged over "dp" before plain
 SGD. ``train_reference`` is the same training on one process; the two end at the same weights.
 
-``plan`` lists the layouts dp × tp × pp = gpus of a transformer with L layers, width h, a heads,
-sequence s and micro-batch b, with the memory one GPU needs and the bytes it sends per step:
+``plan`` lists the layouts dp × tp × pp = gpus of a transformer (``Model``: L layers, width h, a
+heads) on a ``Cluster``, at sequence s and micro-batch b, with the memory one GPU needs and the
+bytes it sends per step:
 
     parameters     per layer 12h² + 13h: 12h² + 7h split by t (QKV, projection, MLP weights,
                    column biases), 6h replicated (two LayerNorms, two row biases); a GPU of the
@@ -33,6 +34,7 @@ DP outermost), so tp ≤ gpus per node keeps the most frequent collectives on th
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -215,75 +217,131 @@ def _layouts(gpus, layers, heads):
             yield gpus // (tp * pp), tp, pp
 
 
+@dataclass(frozen=True)
+class Model:
+    """A transformer as the planner counts it: ``layers`` of width ``h`` with ``heads`` attention
+    heads, and a ``vocab``·h embedding (0: none counted)."""
+
+    layers: int
+    h: int
+    heads: int
+    vocab: int = 0
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """``gpus`` in nodes of ``gpus_per_node``, ``memory_bytes`` each, links of ``intra_bw`` GB/s
+    inside a node and ``inter_bw`` GB/s between nodes."""
+
+    gpus: int
+    gpus_per_node: int
+    memory_bytes: float
+    intra_bw: float
+    inter_bw: float
+
+    def __post_init__(self):
+        if self.gpus < 1 or self.gpus_per_node < 1:
+            raise ValueError(
+                f"gpus ({self.gpus}) and gpus_per_node ({self.gpus_per_node}) must be at least 1"
+            )
+        if self.gpus > self.gpus_per_node and self.gpus % self.gpus_per_node:
+            raise ValueError(
+                f"{self.gpus} GPUs do not fill whole nodes of {self.gpus_per_node}: gpus must "
+                "be divisible by gpus_per_node"
+            )
+
+
+@dataclass(frozen=True)
+class _Step:
+    """What every layout of one plan shares: the work of a step and how its state is kept."""
+
+    seq: int
+    micro_batch: int
+    state: dict  # bytes per parameter by part (measure.memory.bytes_per_param)
+    itemsize: int
+    zero1: bool
+    recompute: str
+    sp: bool
+    activation_kw: dict
+
+
 def plan(
-    model_shape, seq, global_batch, gpus, gpus_per_node, memory_bytes, intra_bw, inter_bw,
-    micro_batch=1, vocab=0, precision="mixed", itemsize=None, zero1=False,
-    recompute="none", sp=False, activation_kw=None,
+    model: Model, cluster: Cluster, seq, global_batch, micro_batch=1, precision="mixed",
+    itemsize=None, zero1=False, recompute="none", sp=False, activation_kw=None,
 ):  # fmt: skip
-    """Candidate layouts of ``model_shape`` = (layers, h, heads) on ``gpus``, best first.
+    """Candidate layouts of ``model`` on ``cluster``, best first.
 
     One row per (dp, tp, pp) with dp·tp·pp = gpus (t | heads, p | layers, dp·b | global batch):
-    memory per GPU by part and ``fits`` (≤ ``memory_bytes``), bytes each GPU sends per step by
-    group, the seconds they take at ``intra_bw`` / ``inter_bw`` GB/s, and the bubble; formulas in
-    the module docstring. ``itemsize``: bytes of an activation and of a gradient on the wire
+    memory per GPU by part and ``fits`` (≤ the cluster's memory), bytes each GPU sends per step
+    by group, the seconds they take over the cluster's links, and the bubble; formulas in the
+    module docstring. ``itemsize``: bytes of an activation and of a gradient on the wire
     (default the precision's gradient bytes). ``activation_kw`` goes to ``activation_bytes``
     (``dropout=False, norm_stats=True``: the CPU setting ``saved_activation_bytes`` measures).
     Sorted: layouts that fit first, then by communication seconds.
     """
     import pandas as pd
 
-    layers, h, heads = model_shape
-    if gpus < 1 or gpus_per_node < 1:
-        raise ValueError(f"gpus ({gpus}) and gpus_per_node ({gpus_per_node}) must be at least 1")
-    if gpus > gpus_per_node and gpus % gpus_per_node:
-        raise ValueError(
-            f"{gpus} GPUs do not fill whole nodes of {gpus_per_node}: gpus must be divisible "
-            "by gpus_per_node"
+    if not isinstance(model, Model) or not isinstance(cluster, Cluster):
+        raise TypeError(
+            "plan(model, cluster, ...) takes a layout.Model(layers, h, heads, vocab) and a "
+            f"layout.Cluster(gpus, gpus_per_node, memory_bytes, intra_bw, inter_bw), not "
+            f"{type(model).__name__} and {type(cluster).__name__}"
         )
     state = bytes_per_param("adam", precision)
-    itemsize = state["gradients"] if itemsize is None else itemsize
-    rows = []
-    for dp, tp, pp in _layouts(gpus, layers, heads):
-        if global_batch % (dp * micro_batch):
-            continue  # the replicas cannot split the batch into whole micro-batches
-        m = global_batch // (dp * micro_batch)
-        n = _params_per_gpu(layers, h, vocab, tp, pp)
-        memory = {
-            "params_bytes": n * state["parameters"],
-            "grads_bytes": n * state["gradients"],
-            "optimizer_bytes": n * state["optimizer_state"] / (dp if zero1 else 1),
-            "activation_bytes": layers // pp * min(pp, m) * activation_bytes(
-                seq, micro_batch, h, heads, itemsize, recompute, tp, sp, **(activation_kw or {})
-            ),
-        }  # fmt: skip
-        block = comm_bytes_per_block(seq, micro_batch, h, tp, sp, itemsize)
-        per_micro = sum(op["bytes"] for p in ("forward", "backward") for op in block[p].values())
-        per_step = sum(op["bytes"] for op in block.get("grads", {}).values())  # sp only
-        sent = {
-            "tp_bytes": layers // pp * (m * per_micro + per_step),
-            "dp_bytes": bus_factor("all_reduce", dp) * n * itemsize,
-            "pp_bytes": 0 if pp == 1 else 2 * m * seq * micro_batch * h * itemsize,
-        }
-        spans = {  # layout (dp, pp, tp), tp fastest: strides 1, tp and tp·pp
-            "tp": _spans_nodes(tp, 1, gpus, gpus_per_node),
-            "pp": _spans_nodes(pp, tp, gpus, gpus_per_node),
-            "dp": _spans_nodes(dp, tp * pp, gpus, gpus_per_node),
-        }
-        seconds = sum(
-            sent[f"{g}_bytes"] / ((inter_bw if spans[g] else intra_bw) * GB) for g in spans
-        )
-        total = sum(memory.values())
-        rows.append({
-            "dp": dp, "tp": tp, "pp": pp, "micro_batches": m, "tp_within_node": not spans["tp"],
-            "dp_spans_nodes": spans["dp"], "pp_spans_nodes": spans["pp"], "params_per_gpu": n,
-            **memory, "memory_bytes": total, "fits": total <= memory_bytes,
-            **sent, "comm_bytes": sum(sent.values()), "comm_seconds": seconds,
-            "bubble": (pp - 1) / (m + pp - 1),
-        })  # fmt: skip
+    step = _Step(
+        seq, micro_batch, state, state["gradients"] if itemsize is None else itemsize, zero1,
+        recompute, sp, activation_kw or {},
+    )  # fmt: skip
+    rows = [
+        _row(model, cluster, step, dp, tp, pp, global_batch // (dp * micro_batch))
+        for dp, tp, pp in _layouts(cluster.gpus, model.layers, model.heads)
+        if global_batch % (dp * micro_batch) == 0  # else no whole micro-batches per replica
+    ]
     if not rows:
         raise ValueError(
-            f"no layout of {gpus} GPUs splits {heads} heads, {layers} layers and a global batch "
-            f"of {global_batch} into micro-batches of {micro_batch}"
+            f"no layout of {cluster.gpus} GPUs splits {model.heads} heads, {model.layers} layers "
+            f"and a global batch of {global_batch} into micro-batches of {micro_batch}"
         )
     table = pd.DataFrame(rows)
     return table.sort_values(["fits", "comm_seconds"], ascending=[False, True], ignore_index=True)
+
+
+def _row(model: Model, cluster: Cluster, step: _Step, dp, tp, pp, m) -> dict:
+    """One layout's memory per GPU, bytes sent per step, their seconds, and its bubble."""
+    layers, h = model.layers, model.h
+    n = _params_per_gpu(layers, h, model.vocab, tp, pp)
+    memory = {
+        "params_bytes": n * step.state["parameters"],
+        "grads_bytes": n * step.state["gradients"],
+        "optimizer_bytes": n * step.state["optimizer_state"] / (dp if step.zero1 else 1),
+        "activation_bytes": layers // pp * min(pp, m) * activation_bytes(
+            step.seq, step.micro_batch, h, model.heads, step.itemsize, step.recompute, tp,
+            step.sp, **step.activation_kw,
+        ),
+    }  # fmt: skip
+    block = comm_bytes_per_block(step.seq, step.micro_batch, h, tp, step.sp, step.itemsize)
+    per_micro = sum(op["bytes"] for p in ("forward", "backward") for op in block[p].values())
+    per_step = sum(op["bytes"] for op in block.get("grads", {}).values())  # sp only
+    sent = {
+        "tp_bytes": layers // pp * (m * per_micro + per_step),
+        "dp_bytes": bus_factor("all_reduce", dp) * n * step.itemsize,
+        "pp_bytes": 0 if pp == 1 else 2 * m * step.seq * step.micro_batch * h * step.itemsize,
+    }
+    gpus, per_node = cluster.gpus, cluster.gpus_per_node
+    spans = {  # layout (dp, pp, tp), tp fastest: strides 1, tp and tp·pp
+        "tp": _spans_nodes(tp, 1, gpus, per_node),
+        "pp": _spans_nodes(pp, tp, gpus, per_node),
+        "dp": _spans_nodes(dp, tp * pp, gpus, per_node),
+    }
+    seconds = sum(
+        sent[f"{g}_bytes"] / ((cluster.inter_bw if spans[g] else cluster.intra_bw) * GB)
+        for g in spans
+    )
+    total = sum(memory.values())
+    return {
+        "dp": dp, "tp": tp, "pp": pp, "micro_batches": m, "tp_within_node": not spans["tp"],
+        "dp_spans_nodes": spans["dp"], "pp_spans_nodes": spans["pp"], "params_per_gpu": n,
+        **memory, "memory_bytes": total, "fits": total <= cluster.memory_bytes,
+        **sent, "comm_bytes": sum(sent.values()), "comm_seconds": seconds,
+        "bubble": (pp - 1) / (m + pp - 1),
+    }  # fmt: skip

@@ -149,20 +149,21 @@ def test_layouts_end_at_one_process_and_the_planner_chooses_from_its_table():
     )
     layers, width, heads = p["layout_shape"]
     table = layout.plan(
-        (layers, width, heads), p["layout_seq"], p["layout_batch"], 2, 2, 1e9, 100, 10,
-        micro_batch=p["layout_batch"] // 2, precision="fp32", itemsize=8,
+        layout.Model(layers, width, heads), layout.Cluster(2, 2, 1e9, 100, 10),
+        p["layout_seq"], p["layout_batch"], micro_batch=p["layout_batch"] // 2, precision="fp32", itemsize=8,
         activation_kw={"dropout": False, "norm_stats": True},
     )  # fmt: skip
     row = table[(table.dp == 2) & (table.tp == 1)].iloc[0]
     assert re.search(rf"2 x 1\s+2\s+True\s+0\s+0\s+{int(row.dp_bytes)}\s+{int(row.dp_bytes)}", out)
-    shape = (p["gpt_layers"], p["gpt_h"], p["gpt_heads"])
-    args = (p["gpt_seq"], p["gpt_batch"], p["gpus"], p["gpus_per_node"], p["gpu_memory"])
-    links = (p["intra_bw"], p["inter_bw"])
+    model = layout.Model(p["gpt_layers"], p["gpt_h"], p["gpt_heads"], p["gpt_vocab"])
+    cluster = layout.Cluster(
+        p["gpus"], p["gpus_per_node"], p["gpu_memory"], p["intra_bw"], p["inter_bw"]
+    )
     for name, kw in [
         ("no recomputation", {}),
         ("sequence parallel + selective recomputation", {"sp": True, "recompute": "selective"}),
     ]:
-        plan = layout.plan(shape, *args, *links, vocab=p["gpt_vocab"], **kw)
+        plan = layout.plan(model, cluster, p["gpt_seq"], p["gpt_batch"], **kw)
         best = plan.iloc[0]
         assert (
             f"{name}: {int(plan.fits.sum())} of {len(plan)} layouts fit "

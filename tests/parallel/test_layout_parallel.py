@@ -59,7 +59,7 @@ def test_the_layout_ends_at_the_reference_parameters(dp, tp):
 @pytest.mark.parametrize("dp,tp", LAYOUTS)
 def test_the_planner_predicts_the_measured_bytes_and_activations(dp, tp):
     table = layout.plan(
-        (LAYERS, H, HEADS), S, B, dp * tp, dp * tp, 1e9, 100, 10,
+        layout.Model(LAYERS, H, HEADS), layout.Cluster(dp * tp, dp * tp, 1e9, 100, 10), S, B,
         micro_batch=B // dp, precision="fp32", itemsize=8,
         activation_kw={"dropout": False, "norm_stats": True},  # what the CPU saves, in float64
     )  # fmt: skip
@@ -73,15 +73,14 @@ def test_the_planner_predicts_the_measured_bytes_and_activations(dp, tp):
 
 # -- the planner on paper: GPT-3 175B on 1536 GPUs (Narayanan et al. 2021, Table 1) -----------
 
-GPT3 = (96, 12288, 96)  # layers, h, heads
+GPT3 = layout.Model(layers=96, h=12288, heads=96, vocab=51200)
+# Narayanan et al.'s cluster: 8 A100s (80 GB) a node, NVLink inside, InfiniBand between
+SELENE = layout.Cluster(1536, 8, memory_bytes=80e9, intra_bw=300, inter_bw=25)
 
 
 @functools.cache
 def _gpt3():
-    return layout.plan(
-        GPT3, seq=2048, global_batch=1536, gpus=1536, gpus_per_node=8, memory_bytes=80e9,
-        intra_bw=300, inter_bw=25, vocab=51200,
-    )  # fmt: skip
+    return layout.plan(GPT3, SELENE, seq=2048, global_batch=1536)
 
 
 def test_gpt3_does_not_fit_without_tensor_parallelism_and_fits_with_tp8_in_a_node():
@@ -90,7 +89,9 @@ def test_gpt3_does_not_fit_without_tensor_parallelism_and_fits_with_tp8_in_a_nod
     assert table[table.tp == 8].fits.any()
     best = table.iloc[0]
     assert best.fits and best.tp == 8 and best.tp_within_node
-    assert layout.transformer_params(*GPT3[:2], vocab=51200) == pytest.approx(175e9, rel=0.01)
+    assert layout.transformer_params(GPT3.layers, GPT3.h, GPT3.vocab) == pytest.approx(
+        175e9, rel=0.01
+    )
 
 
 def test_layouts_with_tp_across_nodes_rank_after_tp_within_a_node():
@@ -102,7 +103,11 @@ def test_layouts_with_tp_across_nodes_rank_after_tp_within_a_node():
 
 def test_invalid_input_is_refused_with_a_reason():
     with pytest.raises(ValueError, match="divisible by gpus_per_node"):
-        layout.plan(GPT3, 2048, 1536, 12, 8, 80e9, 300, 25)
+        layout.Cluster(12, 8, 80e9, 300, 25)
+    with pytest.raises(ValueError, match="at least 1"):
+        layout.Cluster(0, 8, 80e9, 300, 25)
     with pytest.raises(ValueError, match="no layout"):
         # 2 GPUs: 3 heads refuse tp = 2, 3 layers pp = 2, a batch of 5 dp = 2
-        layout.plan((3, 15, 3), 8, 5, 2, 2, 1e9, 100, 10)
+        layout.plan(layout.Model(3, 15, 3), layout.Cluster(2, 2, 1e9, 100, 10), 8, 5)
+    with pytest.raises(TypeError, match="layout.Model"):
+        layout.plan((96, 12288, 96), SELENE, 2048, 1536)  # the old tuple: told what to pass
