@@ -13,9 +13,9 @@
   ``transformer`` (a block, its activation memory, tensor and sequence parallelism),
   ``context`` (ring attention), ``moe`` (experts over all-to-all), ``layout`` (data × tensor
   parallel on a DeviceMesh, a planner of layouts).
-- large batches: ``large_batch`` (a global batch on any number of ranks, accumulation),
-  ``noise_scale`` (the gradient noise scale, the critical batch), ``stability`` (sharpness,
-  trust ratios).
+- large batches (``helpers.optimisation``): ``large_batch`` (a global batch on any number of
+  ranks, accumulation), ``noise_scale`` (the gradient noise scale, the critical batch),
+  ``stability`` (sharpness, trust ratios).
 - tools and figures: ``zoo`` (torchvision's classifiers timed per step, a sweep point
   notebook), ``profiling`` (torch.profiler on DDP), ``multinode`` (torchrun agents as nodes),
   ``plots``.
@@ -46,17 +46,15 @@ from helpers.measure.costmodel import predict_step
 from helpers.measure.memory import memory_limit
 from helpers.measure.timing import StepTimer
 from helpers.measure.tracing import trace
+from helpers.optimisation import large_batch, noise_scale, stability
 from helpers.parallel import (
     context,
     dataparallel,
-    large_batch,
     layout,
     moe,
-    noise_scale,
     pipeline,
     ring,
     sharding,
-    stability,
     tensor_parallel,
     transformer,
 )

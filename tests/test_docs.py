@@ -161,7 +161,7 @@ def test_the_helpers_page_names_files_that_exist():
     """docs/helpers.md's measuring table names each call's file under helpers/."""
     text = (DOCS / "helpers.md").read_text(encoding="utf-8")
     named = re.findall(
-        r"`((?:launcher|workloads|measure|parallel|tools|plots|labs)/\w*\.py)`", text
+        r"`((?:launcher|workloads|measure|parallel|optimisation|tools|plots|labs)/\w*\.py)`", text
     )
     assert named, "docs/helpers.md names no module file"
     assert [n for n in named if not (REPO / "helpers" / n).exists()] == []

@@ -16,6 +16,7 @@ LAYERS = {
     "helpers.workloads": 0,
     "helpers.measure": 1,
     "helpers.parallel": 2,
+    "helpers.optimisation": 2,  # lecture 05: large batches, beside parallel, not in it
     "helpers.plots": 3,
     "helpers.tools": 3,
     "helpers.labs": 3,  # the labs' checks: references computed apart from the kernel

@@ -216,7 +216,7 @@ def train_digits(epochs: int = 1, batch: int = 32) -> dict:
     import torch
     import torch.distributed as dist
 
-    from helpers.parallel import large_batch
+    from helpers.optimisation import large_batch
     from helpers.workloads import data, models
 
     train_set, test_set = data.load("digits-shifted"), data.load("digits-shifted", train=False)

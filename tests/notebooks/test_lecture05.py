@@ -4,7 +4,7 @@ estimate beside the per-example one, the critical-batch fit judged by findings, 
 reduced statistics equal to one process's, and the exercise's answer collapsed.
 
 (It runs under papermill and nbval with the whole syllabus in test_course_run and test_check;
-the estimators and the sharpness are tested against theory in tests/parallel.)
+the estimators and the sharpness are tested against theory in tests/optimisation.)
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def test_plots_critical_batch_draws_the_points_their_seeds_range_and_the_model()
     import numpy as np
 
     from helpers import plots
-    from helpers.parallel import noise_scale as ns
+    from helpers.optimisation import noise_scale as ns
 
     batches, steps = [8, 16, 32, 64], [150.0, 100.0, 75.0, 62.5]  # S = 50 (1 + 16 / B)
     fit = ns.fit_steps(batches, steps)

@@ -12,7 +12,7 @@ import torch
 from torch.nn import functional as F
 
 import helpers
-from helpers.parallel import noise_scale as ns
+from helpers.optimisation import noise_scale as ns
 
 
 def _model(seed=0):
@@ -106,7 +106,7 @@ def test_steps_to_loss_is_the_first_look_below_the_target():
     steps = ns.steps_to_loss(_model, data, batch=16, lr=0.5, target=1.5, max_steps=400, every=5)
     assert steps is not None and steps % 5 == 0
     # replay the same run: below the target at that step, not at the look before it
-    from helpers.parallel.large_batch import epoch_batches
+    from helpers.optimisation.large_batch import epoch_batches
 
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.5)

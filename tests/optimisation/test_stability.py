@@ -10,7 +10,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import helpers
-from helpers.parallel import stability as st
+from helpers.optimisation import stability as st
 
 
 def _regression(n=64, d=6, seed=0):

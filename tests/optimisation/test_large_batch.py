@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import helpers
-from helpers.parallel import large_batch as lb
+from helpers.optimisation import large_batch as lb
 
 
 def _data(n=96, seed=0):

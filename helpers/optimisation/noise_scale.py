@@ -17,6 +17,12 @@ from __future__ import annotations
 
 import math
 
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from helpers.optimisation.large_batch import epoch_batches
+
 
 def per_example_grads(model, x, y, loss=None):
     """(N, P) float64: row i is the gradient of ``loss(model(x[i:i+1]), y[i:i+1])`` with respect
@@ -24,10 +30,6 @@ def per_example_grads(model, x, y, loss=None):
     torch.func (vmap over grad), so N samples cost one batched backward, not N.
     ``loss``: default cross-entropy. Needs a model without BatchNorm in training mode (a
     one-sample batch has no batch statistics)."""
-    import torch
-    from torch import nn
-    from torch.func import functional_call, grad, vmap
-
     loss = loss or nn.functional.cross_entropy
     params = {k: v.detach() for k, v in model.named_parameters()}
 
@@ -119,11 +121,6 @@ def steps_to_loss(
     ``target`` (looked at every ``every`` steps, so the answer is a multiple of it: a lucky
     mini-batch does not count), or None within ``max_steps`` or if the loss stops being finite.
     One process: the step count does not depend on how many ranks share the batch."""
-    import torch
-    from torch import nn
-
-    from helpers.parallel.large_batch import epoch_batches
-
     torch.manual_seed(seed)
     model = build()
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)

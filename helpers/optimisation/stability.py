@@ -15,10 +15,10 @@ LARS (You et al. 2017) sizes each layer's step by |w|/|g| instead of one rate fo
 
 from __future__ import annotations
 
+import torch
+
 
 def _flat(tensors):
-    import torch
-
     return torch.cat([t.reshape(-1) for t in tensors])
 
 
@@ -29,8 +29,6 @@ def top_hessian_eigenvalue(model, loss_fn, iters: int = 30, seed: int = 0) -> fl
     largest positive one. Near a minimum they are the same; a negative result means a direction
     of negative curvature dominates, and 2/λ then bounds nothing (the caller should say so).
     Few iterations underestimate |λ| when the top two eigenvalues are close."""
-    import torch
-
     params = [p for p in model.parameters() if p.requires_grad]
     g = torch.Generator().manual_seed(seed)
     v = [torch.randn(p.shape, generator=g, dtype=p.dtype) for p in params]
