@@ -47,6 +47,19 @@ def _fail(args, message: str, code: int = 2) -> int:
     return code
 
 
+def _on_lab(args, work, folder: str = "solutions", errors=(ValueError, OSError)) -> int:
+    """``work(lab)`` on the notebook ``args.lab`` names (see ``find_lab``), its exit status. A
+    name that finds no single notebook, or one of ``errors`` raised by ``work``, fails the
+    command: ``course <command>: why`` on stderr, status 2."""
+    lab = find_lab(args.lab, folder)
+    if lab is None:
+        return _fail(args, f"{args.lab} names no single notebook in {folder}/")
+    try:
+        return work(lab)
+    except errors as exc:
+        return _fail(args, exc)
+
+
 def _add_kernel(sub) -> None:
     k = sub.add_parser("kernel", help="register this environment as the Jupyter kernel")
     k.add_argument("--user", action="store_true", help="register for every Jupyter of this user")
@@ -169,21 +182,21 @@ def _grade_parameters(lab, profile: str) -> dict:
 
 
 def _grade(args) -> int:
+    return _on_lab(args, lambda lab: _grade_lab(args, lab), errors=())
+
+
+def _grade_lab(args, lab) -> int:
     from pathlib import Path
 
     from course.grade import NotWritten, grade
     from course.grading.cells import FormatError
     from course.grading.isolation import UNSAFE, IsolationUnavailable, UidsBusy
-    from course.grading.reports import summary
     from course.grading.results import Limits
     from course.grading.seeds import SeedError
     from course.grading.shards import check_shard
     from course.syllabus import REPO
     from helpers.measure.memory import parse_bytes  # here: other commands start without torch
 
-    lab = find_lab(args.lab)
-    if lab is None:
-        return _fail(args, f"{args.lab} names no single notebook in solutions/")
     if not Path(args.submissions).is_dir():
         return _fail(args, f"{args.submissions} is not a folder of submissions")
     limits = Limits(
@@ -216,9 +229,7 @@ def _grade(args) -> int:
         return 130
     except NotWritten as exc:
         return _fail(args, exc, 1)
-    print(summary(results))
-    print(f"gradebook: {out}/gradebook.csv, feedback: {out}/feedback/")
-    return 0
+    return _graded(results, out)
 
 
 def _add_mark(sub) -> None:
@@ -240,14 +251,7 @@ def _add_mark(sub) -> None:
 def _mark(args) -> int:
     from course.grade import mark
 
-    lab = find_lab(args.lab)
-    if lab is None:
-        return _fail(args, f"{args.lab} names no single notebook")
-    try:
-        results = mark(lab, args.out)
-    except (ValueError, OSError) as exc:
-        return _fail(args, exc)
-    return _graded(results, args.out)
+    return _on_lab(args, lambda lab: _graded(mark(lab, args.out), args.out))
 
 
 def _graded(results, out) -> int:
@@ -270,14 +274,11 @@ def _add_export(sub) -> None:
 def _export(args) -> int:
     from course.grade import export
 
-    lab = find_lab(args.lab)
-    if lab is None:
-        return _fail(args, f"{args.lab} names no single notebook")
-    try:
+    def written(lab) -> int:
         print(f"written: {export(lab, args.out, args.title)}")
-    except (ValueError, OSError) as exc:
-        return _fail(args, exc)
-    return 0
+        return 0
+
+    return _on_lab(args, written)
 
 
 def _add_grade_merge(sub) -> None:
@@ -291,14 +292,10 @@ def _add_grade_merge(sub) -> None:
 def _grade_merge(args) -> int:
     from course.grading.shards import merge
 
-    lab = find_lab(args.lab)
-    if lab is None:
-        return _fail(args, f"{args.lab} names no single notebook")
-    try:
-        results = merge(lab, args.shards, args.out)
-    except ValueError as exc:
-        return _fail(args, exc)
-    return _graded(results, args.out)
+    def merged(lab) -> int:
+        return _graded(merge(lab, args.shards, args.out), args.out)
+
+    return _on_lab(args, merged, errors=(ValueError,))
 
 
 def _add_check(sub) -> None:
@@ -474,22 +471,19 @@ def _exchange(args, move) -> int:
 def _handout(args) -> int:
     from course.exchange import handout
 
-    lab = find_lab(args.lab, "labs")
-    if lab is None:
-        return _fail(args, f"{args.lab} names no single notebook in labs/")
-    return _exchange(args, lambda users: handout(lab, users))
+    return _on_lab(args, lambda lab: _exchange(args, lambda users: handout(lab, users)), "labs", ())
 
 
 def _collect(args) -> int:
     from course.exchange import collect
 
-    lab = find_lab(args.lab, "labs")
-    if lab is None:
-        return _fail(args, f"{args.lab} names no single notebook in labs/")
-    code = _exchange(args, lambda users: collect(lab, args.out, users))
-    if code != 2:
-        print(f"manifest: {args.out}/collected.json; next: course grade {args.lab} {args.out}")
-    return code
+    def collected(lab) -> int:
+        code = _exchange(args, lambda users: collect(lab, args.out, users))
+        if code != 2:
+            print(f"manifest: {args.out}/collected.json; next: course grade {args.lab} {args.out}")
+        return code
+
+    return _on_lab(args, collected, "labs", ())
 
 
 def _return(args) -> int:

@@ -122,7 +122,7 @@ def _become_rank(req: dict, fds: list[int]) -> None:
         import random
 
         import numpy
-        import torch
+        import torch  # loaded already (by _preload, or a spawned rank's import helpers): a lookup
 
         # A fresh interpreter seeds these from the OS; a fork would share the server's state.
         random.seed()

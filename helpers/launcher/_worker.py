@@ -24,8 +24,12 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 
+import torch
+import torch.distributed as dist
+
 STATUS = {"state": "starting", "since": time.time()}
 HERE = os.path.dirname(os.path.abspath(__file__))
+TORCH = os.path.dirname(torch.__file__) + os.sep
 
 
 def end_marker(task_id: int) -> bytes:
@@ -38,10 +42,7 @@ INTERNAL = {os.path.join(HERE, f) for f in ("_worker.py", "watch.py", "_rankserv
 
 def _internal(filename: str) -> bool:
     """Frames of the launcher, of runpy and of torch's own wrappers: noise for a student."""
-    if filename in INTERNAL or filename.startswith(("<frozen", "<string>")):
-        return True
-    torch = sys.modules.get("torch")
-    return torch is not None and filename.startswith(os.path.dirname(torch.__file__) + os.sep)
+    return filename in INTERNAL or filename.startswith(("<frozen", "<string>", TORCH))
 
 
 def user_frames(tb_or_stack) -> list[tuple[str, int, str, str | None]]:
@@ -84,7 +85,6 @@ def _to_cpu(t):
 def dumps_result(result) -> bytes:
     """Pickle a return value; CUDA tensors come back as CPU tensors (the kernel needs no GPU)."""
     import cloudpickle
-    import torch
 
     class ResultPickler(cloudpickle.Pickler):
         def reducer_override(self, obj):
@@ -148,8 +148,6 @@ def flush_all() -> None:
 
 def forbid_reinit(world: str) -> None:
     """A launched function must not initialise the process group again; say so plainly."""
-    import torch.distributed as dist
-
     original = dist.init_process_group
 
     def init_process_group(*args, **kwargs):
@@ -167,8 +165,6 @@ def forbid_reinit(world: str) -> None:
 def rendezvous(task: Connection, cfg: dict):
     """Rank 0 opens a store on a free port (port 0: no race, no fixed port); the parent relays it."""
     from datetime import timedelta
-
-    import torch.distributed as dist
 
     timeout = timedelta(seconds=cfg["start_timeout"])
     if cfg["rank"] == 0:
@@ -190,7 +186,6 @@ def run_task(task_id: int, payload: bytes, opts: dict, rng: tuple):
     """Run one shipped function; return the reply to send."""
     import cloudpickle
     import numpy
-    import torch
 
     from helpers.launcher import watch
 
@@ -235,8 +230,6 @@ def main(cfg: dict) -> None:
 
     try:
         import numpy
-        import torch
-        import torch.distributed as dist
 
         from helpers.launcher import watch, world
 

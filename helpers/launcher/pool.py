@@ -108,6 +108,19 @@ class Task:
     def done(self, world_size: int) -> bool:
         return len(self.replies) == world_size and len(self.ended) == 2 * world_size
 
+    def read(self, sel, key) -> None:
+        """Print what one rank's stdout or stderr (``key`` of ``sel``) holds now, and note this
+        task's end marker on it; at the stream's end, stop watching it."""
+        kind, rank = key.data
+        data = os.read(key.fd, 65536)
+        if not data:
+            sel.unregister(key.fd)
+            return
+        got, seen = self.lines.feed((rank, kind), data, self.marker)
+        self.printer.lines(rank, kind, got)
+        if seen:
+            self.ended.add((rank, kind))
+
 
 class Pool:
     """N warm ranks sharing one process group, owned by the process that started them."""
@@ -292,15 +305,8 @@ class Pool:
                 elif msg[1] == task.task_id:
                     task.replies[rank] = msg
                     arrived.append(rank)
-                continue
-            data = os.read(key.fd, 65536)
-            if not data:
-                sel.unregister(key.fd)
-                continue
-            got, seen = task.lines.feed((rank, kind), data, task.marker)
-            task.printer.lines(rank, kind, got)
-            if seen:
-                task.ended.add((rank, kind))
+            else:
+                task.read(sel, key)
         return arrived
 
     def _lost(self, task: Task) -> list[int]:
@@ -369,15 +375,8 @@ class Pool:
             if not events:
                 break
             for key, _ in events:
-                kind, rank = key.data
-                if kind == "task":
-                    continue
-                data = os.read(key.fd, 65536)
-                if not data:
-                    sel.unregister(key.fd)
-                    continue
-                got, _ = task.lines.feed((rank, kind), data, task.marker)
-                task.printer.lines(rank, kind, got)
+                if key.data[0] != "task":  # the replies: _pump's, and no longer wanted here
+                    task.read(sel, key)
         for rank, kind in list(task.lines.buf):
             task.printer.lines(rank, kind, task.lines.rest((rank, kind)))
 

@@ -22,6 +22,11 @@ import pickle
 import sys
 from typing import NoReturn
 
+import torch.distributed as dist
+
+from helpers.launcher import watch
+from helpers.launcher import world as world_mod
+
 ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
 
@@ -80,12 +85,6 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
     os.environ["HELPERS_LAUNCH_RANK"] = str(rank)  # launch() inside a rank is an error here too
-
-    import torch.distributed as dist
-
-    from helpers.launcher import watch
-    from helpers.launcher import world as world_mod
-
     if os.environ.get("MASTER_ADDR") in ("127.0.0.1", "localhost") or local_world == world:
         world_mod.use_loopback()  # one node: no network needed
     fn = resolve(opts.target)

@@ -16,6 +16,9 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+import torch
+import torch.distributed as dist
+
 # The calls that communicate. Point-to-point calls are not counted in a group's sequence.
 COLLECTIVES = (
     "broadcast",
@@ -98,8 +101,6 @@ MAX_PENDING = 4096
 
 
 def _shape(t) -> str:
-    import torch
-
     if isinstance(t, torch.Tensor):
         dims = ",".join(str(d) for d in t.shape)
         return f"{str(t.dtype).replace('torch.', '')}[{dims}]"
@@ -112,8 +113,6 @@ def _shape(t) -> str:
 
 
 def _nbytes(t) -> int:
-    import torch
-
     if isinstance(t, torch.Tensor):
         return t.numel() * t.element_size()
     if isinstance(t, (list, tuple)):
@@ -122,8 +121,6 @@ def _nbytes(t) -> int:
 
 
 def _group_name(group) -> str:
-    import torch.distributed as dist
-
     if group is None or group is dist.GroupMember.WORLD:
         return "world"
     try:
@@ -205,8 +202,6 @@ def install() -> None:
     global _installed
     if _installed:
         return
-    import torch.distributed as dist
-
     for op in COLLECTIVES + POINT_TO_POINT:
         fn = getattr(dist, op, None)
         if fn is not None and not hasattr(fn, "__watched__"):

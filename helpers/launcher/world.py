@@ -10,6 +10,9 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
+import torch
+import torch.distributed as dist
+
 from helpers.launcher.limits import cpu_limit
 
 BACKENDS = ("auto", "gloo", "nccl", "mpi")
@@ -37,8 +40,6 @@ def fit_threads_to_devices() -> int:
     throttled in turn, and its one-process references would crawl. Called once by ``import
     helpers``; ranks set their own budget (``init_rank``).
     """
-    import torch
-
     if torch.get_num_threads() > cpu_count():
         torch.set_num_threads(cpu_count())
     return torch.get_num_threads()
@@ -94,8 +95,6 @@ def pinned_cores(local_rank: int, local_world_size: int, threads: int) -> list[i
 
 def budget() -> dict:
     """This process's device budget: threads, the cores it is pinned to, whether oversubscribed."""
-    import torch
-
     limit = cpu_limit()
     return {
         "threads": torch.get_num_threads(),
@@ -112,9 +111,6 @@ def choose_backend(requested: str, local_world_size: int, gpus: int | None = Non
     through gloo, so a notebook's CPU demos stay correct unchanged on a GPU node. Otherwise
     gloo. ``gpus`` overrides the GPU count (tests simulate a GPU node with it).
     """
-    import torch
-    import torch.distributed as dist
-
     if requested not in BACKENDS:
         raise ValueError(f"backend={requested!r} is not one of {', '.join(BACKENDS)}")
     if gpus is None:
@@ -178,9 +174,6 @@ def init_rank(
 
     With ``store`` None the rendezvous comes from the environment (torchrun's MASTER_ADDR etc.).
     """
-    import torch
-    import torch.distributed as dist
-
     n_threads = thread_budget(local_world_size, threads)
     torch.set_num_threads(n_threads)
     over = oversubscribed(local_world_size, n_threads)
@@ -204,15 +197,11 @@ def init_rank(
 
 def rank() -> int:
     """This process's global rank (0 outside a distributed run)."""
-    import torch.distributed as dist
-
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def world_size() -> int:
     """Number of ranks in the world (1 outside a distributed run)."""
-    import torch.distributed as dist
-
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
@@ -234,8 +223,6 @@ def print0(*args, **kwargs) -> None:
 
 def device():
     """The device this rank computes on: its own GPU when there are GPUs, else the CPU."""
-    import torch
-
     if torch.cuda.is_available():
         return torch.device("cuda", local_rank() % torch.cuda.device_count())
     return torch.device("cpu")

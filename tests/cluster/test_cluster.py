@@ -78,6 +78,30 @@ def sbatch(state, *args, cwd, env=VENV) -> str:
     return proc.stdout.strip().split(";")[0]
 
 
+def torchrun_job(state, tmp_path, target: str, *args, env=None, options=()) -> str:
+    """Submit scripts/slurm/torchrun.sbatch running ``target`` (module:function) with ``args``:
+    one core and no GPU on each node, its log in tmp_path/<job id>.out, ``env`` (the script's
+    RESTARTS, RDZV_ENDPOINT ...) over the venv's, ``options`` to sbatch first. The job id."""
+    return sbatch(
+        state,
+        *options,
+        "--gpus-per-node=0",
+        "--cpus-per-task=1",
+        f"--output={tmp_path}/%j.out",
+        REPO / "scripts/slurm/torchrun.sbatch",
+        target,
+        *args,
+        cwd=tmp_path,
+        env={**VENV, **(env or {})},
+    )
+
+
+def job_log(tmp_path, job: str) -> str:
+    """What a job of ``torchrun_job`` (or any with its ``--output``) wrote so far."""
+    log = tmp_path / f"{job}.out"
+    return log.read_text() if log.exists() else ""
+
+
 def test_each_node_has_its_own_name_address_and_cores(state):
     probe = "echo $(hostname) $(getent hosts node1 | cut -d' ' -f1) $(taskset -cp $$ | cut -d: -f2)"
     proc = cluster.run(["srun", "-N2", "-n2", "-l", "bash", "-c", probe], state=state)
@@ -95,18 +119,14 @@ def test_the_torchrun_job_trains_lab01_to_the_weights_of_launch(state, tmp_path)
     import helpers
     from helpers.tools import multinode
 
-    job = sbatch(
+    job = torchrun_job(
         state,
-        "--gpus-per-node=0",
-        "--cpus-per-task=1",
-        f"--output={tmp_path}/%j.out",
-        REPO / "scripts/slurm/torchrun.sbatch",
+        tmp_path,
         "helpers.tools.multinode:train_digits",
-        cwd=tmp_path,
-        env={**VENV, "LOGLEVEL": "INFO"},  # torchrun's agents then log their rendezvous
+        env={"LOGLEVEL": "INFO"},  # torchrun's agents then log their rendezvous
     )
     (task,) = cluster.wait(job, state)
-    log = (tmp_path / f"{job}.out").read_text()
+    log = job_log(tmp_path, job)
     assert task["JobState"] == "COMPLETED", log[-3000:]
     assert task["NodeList"] == "node[1-2]"
     from_slurm = pickle.loads((tmp_path / f"results-{job}.pkl").read_bytes())
@@ -122,19 +142,11 @@ def test_the_torchrun_job_trains_lab01_to_the_weights_of_launch(state, tmp_path)
 def test_an_elastic_restart_after_a_nodes_worker_dies(state, tmp_path):
     """Rank 1 (on node2) crashes on its first attempt; its agent restarts the group, which
     then finishes with both nodes."""
-    job = sbatch(
-        state,
-        "--gpus-per-node=0",
-        "--cpus-per-task=1",
-        f"--output={tmp_path}/%j.out",
-        REPO / "scripts/slurm/torchrun.sbatch",
-        "helpers.tools.multinode:whoami",
-        "1",
-        cwd=tmp_path,
-        env={**VENV, "RESTARTS": "1"},
+    job = torchrun_job(
+        state, tmp_path, "helpers.tools.multinode:whoami", "1", env={"RESTARTS": "1"}
     )
     (task,) = cluster.wait(job, state)
-    log = (tmp_path / f"{job}.out").read_text()
+    log = job_log(tmp_path, job)
     assert task["JobState"] == "COMPLETED", log[-3000:]
     ranks = pickle.loads((tmp_path / f"results-{job}.pkl").read_bytes())
     assert [(r["rank"], r["node"], r["sum of ranks"]) for r in ranks] == [(0, 0, 1.0), (1, 1, 1.0)]
@@ -241,7 +253,7 @@ def jupyter_job(state, tmp_path) -> tuple[str, dict]:
             if cluster.run([sys.executable, "-c", probe, url], state=state).returncode == 0:
                 return job, c
         time.sleep(1)
-    log = (tmp_path / f"{job}.out").read_text() if (tmp_path / f"{job}.out").exists() else ""
+    log = job_log(tmp_path, job)
     raise AssertionError(f"JupyterLab of job {job} did not answer from node1:\n{log[-3000:]}")
 
 
@@ -283,18 +295,14 @@ def test_a_rendezvous_address_no_node_has_fails_in_seconds_naming_it(state, tmp_
 
     nobody = f"{layout.SUBNET}.99:29400"
     start = time.monotonic()
-    job = sbatch(
+    job = torchrun_job(
         state,
-        "--gpus-per-node=0",
-        "--cpus-per-task=1",
-        f"--output={tmp_path}/%j.out",
-        REPO / "scripts/slurm/torchrun.sbatch",
+        tmp_path,
         "helpers.tools.multinode:whoami",
-        cwd=tmp_path,
-        env={**VENV, "RDZV_ENDPOINT": nobody, "RDZV_TIMEOUT": "5"},
+        env={"RDZV_ENDPOINT": nobody, "RDZV_TIMEOUT": "5"},
     )
     (task,) = cluster.wait(job, state, timeout=120)
-    log = (tmp_path / f"{job}.out").read_text()
+    log = job_log(tmp_path, job)
     assert task["JobState"] == "FAILED", log[-3000:]
     assert f"the rendezvous endpoint {nobody} cannot be reached from node" in log
     assert "torchrun" not in log  # no agent started to wait out torch's own timeout
@@ -306,21 +314,18 @@ def test_a_node_lost_while_its_job_runs_ends_the_job_with_a_clear_error(state, t
     all-reduces across both nodes: the job ends, and ``wait`` names the lost node."""
     import time
 
-    job = sbatch(
+    job = torchrun_job(
         state,
-        "--no-requeue",  # else Slurm puts it back in the queue, to start again from the top
-        "--gpus-per-node=0",
-        "--cpus-per-task=1",
-        f"--output={tmp_path}/%j.out",
-        REPO / "scripts/slurm/torchrun.sbatch",
+        tmp_path,
         "helpers.tools.multinode:all_reduce_for",
         "600",
-        cwd=tmp_path,
-        env={**VENV, "LOGLEVEL": "INFO"},
+        env={"LOGLEVEL": "INFO"},
+        # else Slurm puts it back in the queue, to start again from the top
+        options=("--no-requeue",),
     )
     deadline = time.monotonic() + 240  # both agents' workers started: they are all-reducing
     while time.monotonic() < deadline:
-        log = (tmp_path / f"{job}.out").read_text() if (tmp_path / f"{job}.out").exists() else ""
+        log = job_log(tmp_path, job)
         if log.count("Starting worker group") >= 2:
             break
         time.sleep(0.5)
