@@ -150,17 +150,17 @@ WRONG = {
 }
 # the measurements, the sweep and the plots grade nothing: a class is graded without them
 UNGRADED = (
-    "def zoo_run(",
-    "dp = zoo_table[",
-    "def until_target(",
-    "for (n, b), h in histories.items()",
-    "from torchvision.models import VisionTransformer",
-    "gpus = torch.cuda.device_count()",
-    "import papermill as pm",
-    "points = [json.loads(",
-    "share_order = findings.order(",  # the findings printed from the timing cells left out above
-    "ttt_label = ",
-    "def repeats_for(",
+    "lab06_runs.zoo(",
+    "lab06_report.zoo_plot(",
+    "lab06_report.zoo_findings(",  # the findings printed from the timing cells left out above
+    "lab06_runs.to_target(",
+    "lab06_report.ttt_plot(",
+    "lab06_report.ttt_findings(",
+    "lab06_runs.vit_run",
+    "lab06_runs.backends(",
+    "lab06_runs.sweep(",
+    "lab06_report.sweep_table(",
+    "lab06_report.claim_repeats(",
 )
 
 
