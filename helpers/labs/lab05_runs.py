@@ -1,20 +1,131 @@
-"""Lab 05's runs of the student's code: the sweeps of parts 2–4 (through the student's ``plan``
-and schedules) and the hand-set models test_lars steps with the student's ``LARS``.
+"""Lab 05's runs of the student's code: part 1's equivalence check and timed epochs, the sweeps
+of parts 2–4 (through the student's ``plan``, ``scaled_lr``, ``lr_at`` and ``LARS``, passed in),
+and the hand-set models test_lars steps with the student's ``LARS``.
 
-What they return is data for the notebook's tables and the tests' probes; a check never trusts
-it, it recomputes what it compares against (helpers.labs.lab05). Kept here so the lab's cells
-hold the student's task.
+What they return is data for the notebook's tables (helpers.labs.lab05_report) and the tests'
+probes; a check never trusts it, it recomputes what it compares against (helpers.labs.lab05).
+Kept here so the lab's cells hold the student's task.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from helpers.parallel import large_batch
+from helpers.optimisation import large_batch
+from helpers.workloads import data, models
+
+
+@dataclass(frozen=True)
+class Lab:
+    """What every run of the lab shares, from its parameters cell: the data, the MLP (no
+    BatchNorm), SGD with momentum 0.9 at ``base_lr``, the epochs, a rank's memory
+    (``max_micro`` samples), the seeds, the world, and parts 3–4's schedule settings."""
+
+    train_set: torch.utils.data.TensorDataset
+    test_set: torch.utils.data.TensorDataset
+    hidden: int
+    depth: int
+    epochs: int
+    max_micro: int
+    seeds: tuple
+    world_size: int
+    backend: str
+    base_lr: float
+    base_batch: int
+    warmup_epochs: int
+    lars_lr: float
+    trust: float
+
+    @classmethod
+    def load(cls, dataset: str, data_root=None, **params) -> Lab:
+        """The lab's setting with ``dataset``'s training and test sets (offline for digits)."""
+        params["seeds"] = tuple(params["seeds"])
+        train, test = (data.load(dataset, data_root, train=t) for t in (True, False))
+        return cls(train, test, **params)
+
+    @property
+    def n_train(self) -> int:
+        return len(self.train_set)
+
+    def build(self):
+        """The lab's MLP, fresh (the caller seeds it)."""
+        in_shape = tuple(self.train_set.tensors[0].shape[1:])
+        return models.mlp(in_shape, hidden=self.hidden, depth=self.depth)
+
+    def sgd(self, params):
+        return torch.optim.SGD(params, lr=self.base_lr, momentum=0.9)
+
+    def describe(self, dataset: str, batch_sizes) -> str:
+        """The data, the model's size and each batch's steps per epoch, as the set-up prints them."""
+        shape = tuple(self.train_set.tensors[0].shape[1:])
+        steps = ", ".join(f"{b} -> {self.n_train // b}" for b in batch_sizes)
+        return (f"{dataset}: {self.n_train:,} training and {len(self.test_set):,} test images of "
+                f"shape {shape}\nMLP {self.hidden}x{self.depth}: "
+                f"{models.n_params(self.build()):,} parameters\nsteps per epoch: {steps}")  # fmt: skip
+
+
+# -- part 1: the same update on one process and on ranks, and what accumulation costs -----------
+
+
+def first_steps(lab: Lab, global_batch: int, micro: int, k: int, steps: int = 3) -> dict:
+    """The weights after ``steps`` steps of SGD at ``base_lr`` from seed 0, and the gradient
+    bytes DDP all-reduced per step (0 in one process: nothing is reduced)."""
+    from helpers.measure.comm import CommRecorder
+
+    ddp = dist.is_initialized() and dist.get_world_size() > 1
+    recorder = CommRecorder() if ddp else None
+    r = large_batch.train(lab.build, lab.train_set, None, global_batch, micro, k, 1,
+                          lambda s: lab.base_lr, lab.sgd, seed=0, max_steps=steps,
+                          on_model=recorder.register if ddp else None)  # fmt: skip
+    if not ddp:
+        return {"state": r["state"], "bytes/step": 0}
+    recorder.close()
+    return {
+        "state": r["state"],
+        "bytes/step": sum(x["grad_bytes"] for x in recorder.records) / steps,
+    }
+
+
+def micro_timings(lab: Lab, global_batch: int, micros, repeats: int) -> dict:
+    """{micro: seconds of one training epoch at ``global_batch`` on ``lab.world_size`` ranks,
+    each rank's share in micro-batches of ``micro``, one per repeat}: one untimed warm-up epoch,
+    then the repeats interleaved across the micro-batches."""
+    from helpers.launcher.launch import launch
+    from helpers.measure.scaling import interleave
+
+    def timed(micro):
+        k = global_batch // (lab.world_size * micro)
+        return launch(large_batch.epoch_seconds, lab.build, lab.train_set, global_batch, micro, k,
+                      world_size=lab.world_size, backend=lab.backend, output="none")[0]  # fmt: skip
+
+    timed(micros[0])  # warm-up, not timed
+    return interleave(micros, timed, repeats=repeats)
+
+
+# -- parts 2-4: the sweeps ------------------------------------------------------------------------
+
+
+def schedule(lab: Lab, method: str, global_batch: int, scaled_lr=None, lr_at=None, lars=None):
+    """(the learning rate of each step, the optimizer) of one method at one global batch, from
+    the student's ``scaled_lr``, ``lr_at`` and ``lars`` (LARS); the fixed rate needs none."""
+    steps_per_epoch = lab.n_train // global_batch
+    if method == "fixed lr":
+        return (lambda step: lab.base_lr), lab.sgd
+    peak = scaled_lr(lab.base_lr, lab.base_batch, global_batch)
+    warmup = lab.warmup_epochs * steps_per_epoch
+    if method == "scaled lr":
+        return (lambda step: peak), lab.sgd
+    if method == "scaled + warmup":
+        return (lambda step: lr_at(step, lab.base_lr, peak, warmup)), lab.sgd
+    if method == "LARS + warmup":
+        return ((lambda step: lr_at(step, lab.base_lr, lab.lars_lr, warmup)),
+                lambda params: lars(params, lr=lab.lars_lr, momentum=0.9, trust=lab.trust))  # fmt: skip
+    raise ValueError(f"unknown method {method!r}")
 
 
 def _row(method: str, batch: int, seed: int, micro: int, k: int, r: dict, seconds: float) -> dict:
@@ -28,32 +139,35 @@ def _row(method: str, batch: int, seed: int, micro: int, k: int, r: dict, second
             "curve": r["epochs"], "losses": r["losses"]}  # fmt: skip
 
 
-def run_all(configs, setup: dict, plan, schedule) -> list[dict]:
+def run_all(configs, lab: Lab, plan, scaled_lr=None, lr_at=None, lars=None) -> list[dict]:
     """Train every (method, global batch, seed) of ``configs`` on this world; a row per run.
-    ``setup``: {"build", "train_set", "test_set", "epochs", "max_micro"}; each batch is split by
-    the student's ``plan``, and ``schedule(method, batch)`` gives its (lr_at, make_optimizer)."""
+    Each batch is split by the student's ``plan``; the rates and optimizer are ``schedule``'s."""
     rows = []
     for method, batch, seed in configs:
-        micro, k = plan(batch, dist.get_world_size(), setup["max_micro"])
-        lr, optimizer = schedule(method, batch)
+        micro, k = plan(batch, dist.get_world_size(), lab.max_micro)
+        lr, optimizer = schedule(lab, method, batch, scaled_lr, lr_at, lars)
         start = time.perf_counter()
-        r = large_batch.train(setup["build"], setup["train_set"], setup["test_set"], batch,
-                              micro, k, setup["epochs"], lr, optimizer, seed)  # fmt: skip
+        r = large_batch.train(lab.build, lab.train_set, lab.test_set, batch, micro, k,
+                              lab.epochs, lr, optimizer, seed)  # fmt: skip
         rows.append(_row(method, batch, seed, micro, k, r, time.perf_counter() - start))
     return rows
 
 
-def table(rows):
-    """Per method and global batch: steps, micro x k, median train accuracy, test accuracy's
-    median, min and max over the seeds, and how many runs failed."""
-    import pandas as pd
+def sweep(lab: Lab, methods, batches, plan, scaled_lr=None, lr_at=None, lars=None) -> list[dict]:
+    """Every method at every batch from every seed on ``lab.world_size`` ranks (each batch split
+    by the student's ``plan``): a row per run, rank 0's (every rank holds the same)."""
+    from helpers.launcher.launch import launch
 
-    return (pd.DataFrame(rows).groupby(["method", "global batch"], sort=False)
-            .agg(steps=("steps", "first"), micro_x_k=("micro x k", "first"),
-                 train_accuracy=("train accuracy", "median"),
-                 accuracy_median=("test accuracy", "median"), accuracy_min=("test accuracy", "min"),
-                 accuracy_max=("test accuracy", "max"), failed=("failed", "sum"))
-            .reset_index())  # fmt: skip
+    configs = [(m, b, s) for s in lab.seeds for m in methods for b in batches]
+    return launch(run_all, configs, lab, plan, scaled_lr, lr_at, lars, world_size=lab.world_size,
+                  backend=lab.backend, output="none", timeout=1800)[0]  # fmt: skip
+
+
+def same_at_base(
+    rows: list[dict], base_batch: int, methods=("scaled lr", "scaled + warmup")
+) -> list[dict]:
+    """The fixed-rate runs at ``base_batch`` as each of ``methods``: there they are the same run."""
+    return [dict(r, method=m) for r in rows if r["global batch"] == base_batch for m in methods]
 
 
 # -- test_lars: the student's LARS on models set by hand --------------------------------------

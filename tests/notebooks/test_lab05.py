@@ -213,18 +213,18 @@ get_ipython().events.register("post_run_cell", _forget)"""
 }
 # the sweeps, the timing and the plots grade nothing: a class is graded without them
 UNGRADED = (
-    "def first_steps(",
-    "def timed(micro)",
-    "fixed = sweep(",
-    "fig, axes = plt.subplots(1, 3",
-    "scaled = sweep(",
-    "lars = sweep(",
-    "fig, ax = plt.subplots(figsize=(8, 4.5))",
-    # the findings printed from the sweeps left out above
-    "# What the repeats allow: the epoch times",
-    "# What the seeds allow: test accuracy by batch",
-    "# What the seeds allow at each batch",
-    "# What the seeds allow at the two largest batches",
+    "lab05_runs.first_steps(",
+    "lab05_runs.micro_timings(",
+    "fixed = lab05_runs.sweep(",
+    "lab05_report.plot_losses(",
+    "scaled = lab05_runs.sweep(",
+    "lars = lab05_runs.sweep(",
+    "ax = helpers.plots.batch_accuracy(results)",
+    # the findings printed from the runs left out above
+    "lab05_report.timing_findings(",
+    "lab05_report.batch_findings(",
+    "lab05_report.schedule_findings(",
+    "lab05_report.lars_findings(",
 )
 
 
