@@ -79,8 +79,9 @@ def first_steps(lab: Lab, global_batch: int, micro: int, k: int, steps: int = 3)
 
     ddp = dist.is_initialized() and dist.get_world_size() > 1
     recorder = CommRecorder() if ddp else None
-    r = large_batch.train(lab.build, lab.train_set, None, global_batch, micro, k, 1,
-                          lambda s: lab.base_lr, lab.sgd, seed=0, max_steps=steps,
+    recipe = large_batch.Recipe(global_batch, micro, k, 1, lambda s: lab.base_lr, lab.sgd,
+                                seed=0, max_steps=steps)  # fmt: skip
+    r = large_batch.train(lab.build, lab.train_set, None, recipe,
                           on_model=recorder.register if ddp else None)  # fmt: skip
     if not ddp:
         return {"state": r["state"], "bytes/step": 0}
@@ -147,8 +148,8 @@ def run_all(configs, lab: Lab, plan, scaled_lr=None, lr_at=None, lars=None) -> l
         micro, k = plan(batch, dist.get_world_size(), lab.max_micro)
         lr, optimizer = schedule(lab, method, batch, scaled_lr, lr_at, lars)
         start = time.perf_counter()
-        r = large_batch.train(lab.build, lab.train_set, lab.test_set, batch, micro, k,
-                              lab.epochs, lr, optimizer, seed)  # fmt: skip
+        recipe = large_batch.Recipe(batch, micro, k, lab.epochs, lr, optimizer, seed)
+        r = large_batch.train(lab.build, lab.train_set, lab.test_set, recipe)
         rows.append(_row(method, batch, seed, micro, k, r, time.perf_counter() - start))
     return rows
 

@@ -96,9 +96,9 @@ def until_target(per_rank_batch: int, train_set, test_set, run: dict) -> list[di
     def sgd(params):
         return torch.optim.SGD(params, lr=lr, momentum=0.9)
 
-    r = large_batch.train(small_mlp, train_set, test_set, batch, per_rank_batch, 1,
-                          run["max_epochs"], lambda s: lr, sgd, seed=0,
-                          stop_below=run["target"])  # fmt: skip
+    recipe = large_batch.Recipe(batch, per_rank_batch, 1, run["max_epochs"], lambda s: lr, sgd,
+                                seed=0, stop_below=run["target"])  # fmt: skip
+    r = large_batch.train(small_mlp, train_set, test_set, recipe)
     return r["epochs"]
 
 
@@ -144,8 +144,8 @@ def vit_run(train_set, test_set, epochs: int) -> dict:
     # on a GPU node both backends train on the GPUs (gloo all-reduces CUDA tensors too): only
     # the backend differs; on a CPU there is one device
     dev = device() if torch.cuda.is_available() else None
-    r = large_batch.train(vit, rgb(train_set), rgb(test_set), VIT_BATCH, VIT_BATCH // n, 1,
-                          epochs, lambda s: VIT_LR, adamw, seed=0, device=dev)  # fmt: skip
+    recipe = large_batch.Recipe(VIT_BATCH, VIT_BATCH // n, 1, epochs, lambda s: VIT_LR, adamw)
+    r = large_batch.train(vit, rgb(train_set), rgb(test_set), recipe, device=dev)
     return {"accuracy": r["epochs"][-1]["test accuracy"],
             "seconds": sum(e["seconds"] for e in r["epochs"]),
             "epoch seconds": [e["seconds"] for e in r["epochs"]]}  # fmt: skip

@@ -1,8 +1,9 @@
 """Large-batch training (lab 05): the same epochs at any global batch, on any number of ranks.
 
     batches = large_batch.epoch_batches(n_samples, global_batch, epoch, seed)   # drop_last
-    result = large_batch.train(build, train_set, test_set, global_batch, micro, k, epochs,
-                               lr_at=lambda step: 0.1, make_optimizer=sgd, seed=0)
+    recipe = large_batch.Recipe(global_batch, micro, k, epochs, lr_at=lambda step: 0.1,
+                                make_optimizer=sgd, seed=0)
+    result = large_batch.train(build, train_set, test_set, recipe)
 
 A step of global batch B on n ranks with k accumulation steps: every rank takes its B/n samples
 of the step in k micro-batches of B/(n k), scales each micro-batch's mean loss by 1/k, and DDP
@@ -17,6 +18,8 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -69,57 +72,57 @@ def _world() -> tuple[int, int]:
     return 0, 1
 
 
-def train(
-    build,
-    train_set,
-    test_set,
-    global_batch: int,
-    micro: int,
-    k: int,
-    epochs: int,
-    lr_at,
-    make_optimizer,
-    seed: int = 0,
-    max_steps: int | None = None,
-    on_model=None,
-    device=None,
-    stop_below: float | None = None,
-) -> dict:
-    """Train ``build()`` for ``epochs`` at ``global_batch`` on every rank of the current world.
+@dataclass(frozen=True)
+class Recipe:
+    """How ``train`` trains: steps of ``global_batch`` samples, each rank's share in ``k``
+    micro-batches of ``micro``, for ``epochs``; ``lr_at(step)`` the schedule,
+    ``make_optimizer(params)`` the optimizer; ``seed`` the initial weights and the shuffling.
+    ``max_steps`` stops early (the equivalence checks compare a few steps); ``stop_below``
+    stops after the first epoch whose training loss is below it (time to a target loss)."""
 
-    ``lr_at(step)`` sets the learning rate of every parameter group before each step (a
-    schedule); ``make_optimizer(params)`` builds the optimizer. Returns (identical on every
-    rank) one row per epoch — train loss (mean over the epoch's steps), test loss and accuracy,
-    train accuracy at the end of the epoch, the learning rate of the last step — plus ``losses``
-    (every step's loss on the global batch), ``steps``, ``diverged`` (a non-finite loss stops
-    the run at the end of its epoch: nothing after it would mean anything) and ``state``, the
-    final parameters.
-    ``max_steps`` stops early (the equivalence checks compare a few steps); ``test_set=None``
-    skips the evaluation (a timed epoch times training only); ``on_model(model)`` is called
-    on the DDP-wrapped model before training (to register a CommRecorder, say). ``device``:
-    where the model and data live (default the CPU; ``helpers.device()`` on a GPU node).
-    Each epoch's row also has ``seconds``: its training time on this rank (evaluation not
-    included), synchronised on a GPU. ``stop_below``: stop after the first epoch whose training
-    loss is below it (time to a target loss, lab 06).
+    global_batch: int
+    micro: int
+    k: int
+    epochs: int
+    lr_at: Callable[[int], float]
+    make_optimizer: Callable
+    seed: int = 0
+    max_steps: int | None = None
+    stop_below: float | None = None
+
+
+def train(build, train_set, test_set, recipe: Recipe, on_model=None, device=None) -> dict:
+    """Train ``build()`` as ``recipe`` says, on every rank of the current world.
+
+    Returns (identical on every rank) one row per epoch — train loss (mean over the epoch's
+    steps), test loss and accuracy, train accuracy at the end of the epoch, the learning rate
+    of the last step, ``seconds``: its training time on this rank (evaluation not included),
+    synchronised on a GPU — plus ``losses`` (every step's loss on the global batch), ``steps``,
+    ``diverged`` (a non-finite loss stops the run at the end of its epoch: nothing after it
+    would mean anything) and ``state``, the final parameters. ``test_set=None`` skips the
+    evaluation (a timed epoch times training only); ``on_model(model)`` is called on the
+    DDP-wrapped model before training (to register a CommRecorder, say). ``device``: where the
+    model and data live (default the CPU; ``helpers.device()`` on a GPU node).
     """
     _, world_size = _world()
-    torch.manual_seed(seed)  # the same initial weights on every rank and in the 1-process run
+    r = recipe
+    torch.manual_seed(r.seed)  # the same initial weights on every rank and in the 1-process run
     net = build().to(device or "cpu")
     model = DDP(net) if world_size > 1 else net
     if on_model is not None:
         on_model(model)
     data = [t.to(device or "cpu") for t in train_set.tensors]
-    plan = (global_batch, micro, k)
-    run = _Steps(net, model, make_optimizer(model.parameters()), data, plan, lr_at, seed)
+    plan = (r.global_batch, r.micro, r.k)
+    run = _Steps(net, model, r.make_optimizer(model.parameters()), data, plan, r.lr_at, r.seed)
     rows, curve, diverged = [], [], False
-    for epoch in range(epochs):
-        losses, seconds = run.epoch(epoch, max_steps)
+    for epoch in range(r.epochs):
+        losses, seconds = run.epoch(epoch, r.max_steps)
         rows.append(run.row(epoch, losses, seconds, train_set, test_set))
         curve += losses
         diverged = not math.isfinite(rows[-1]["train loss"])
-        if diverged or max_steps is not None and run.step >= max_steps:
+        if diverged or r.max_steps is not None and run.step >= r.max_steps:
             break
-        if stop_below is not None and rows[-1]["train loss"] < stop_below:
+        if r.stop_below is not None and rows[-1]["train loss"] < r.stop_below:
             break
     state = {name: p.detach().clone() for name, p in net.named_parameters()}
     losses = run.global_losses(curve)
@@ -210,18 +213,10 @@ def epoch_seconds(build, train_set, global_batch: int, micro: int, k: int, seed:
     if world_size > 1:
         dist.barrier()
     start = time.perf_counter()
+    sgd = lambda params: torch.optim.SGD(params, lr=0.01)  # noqa: E731
+    steps = len(train_set) // global_batch
     train(
-        build,
-        train_set,
-        None,
-        global_batch,
-        micro,
-        k,
-        1,
-        lambda step: 0.01,
-        lambda params: torch.optim.SGD(params, lr=0.01),
-        seed,
-        max_steps=len(train_set) // global_batch,
+        build, train_set, None, Recipe(global_batch, micro, k, 1, lambda _: 0.01, sgd, seed, steps)
     )
     seconds = torch.tensor([time.perf_counter() - start])
     if world_size > 1:

@@ -221,18 +221,9 @@ def train_digits(epochs: int = 1, batch: int = 32) -> dict:
 
     train_set, test_set = data.load("digits-shifted"), data.load("digits-shifted", train=False)
     n = dist.get_world_size()
-    r = large_batch.train(
-        lambda: models.mlp(hidden=512, depth=4),
-        train_set,
-        test_set,
-        n * batch,
-        batch,
-        1,
-        epochs,
-        lambda step: 0.05,
-        lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9),
-        seed=0,
-    )
+    sgd = lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9)  # noqa: E731
+    recipe = large_batch.Recipe(n * batch, batch, 1, epochs, lambda step: 0.05, sgd, seed=0)
+    r = large_batch.train(lambda: models.mlp(hidden=512, depth=4), train_set, test_set, recipe)
     return {
         "rank": dist.get_rank(),
         "node": int(os.environ.get("GROUP_RANK", "0")),

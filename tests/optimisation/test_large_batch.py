@@ -30,19 +30,8 @@ def _run(global_batch, micro, k, epochs=2, record=False):
     """train() on this world; with ``record``, the gradient bytes DDP all-reduced in all."""
     recorder = helpers.CommRecorder() if record else None
     data = _data()
-    r = lb.train(
-        _build,
-        data,
-        data,
-        global_batch,
-        micro,
-        k,
-        epochs,
-        lambda s: 0.1 / (1 + s),
-        _sgd,
-        seed=3,
-        on_model=recorder.register if recorder else None,
-    )
+    recipe = lb.Recipe(global_batch, micro, k, epochs, lambda s: 0.1 / (1 + s), _sgd, seed=3)
+    r = lb.train(_build, data, data, recipe, on_model=recorder.register if recorder else None)
     if recorder:
         recorder.close()
         r["grad_bytes"] = sum(x["grad_bytes"] for x in recorder.records)
@@ -102,7 +91,7 @@ def test_ranks_times_accumulation_equal_one_process_on_the_global_batch(world_si
 
 def test_a_diverging_run_stops_and_says_so():
     data = _data()
-    r = lb.train(_build, data, data, 32, 32, 1, 5, lambda s: 1e30, _sgd, seed=0)
+    r = lb.train(_build, data, data, lb.Recipe(32, 32, 1, 5, lambda s: 1e30, _sgd))
     assert r["diverged"]
     assert len(r["epochs"]) == 1 and r["steps"] == 3  # stopped at the end of the first epoch
     assert not math.isfinite(r["epochs"][-1]["train loss"])
@@ -110,7 +99,7 @@ def test_a_diverging_run_stops_and_says_so():
 
 def _diverge():
     data = _data()
-    return lb.train(_build, data, data, 32, 16, 1, 5, lambda s: 1e30, _sgd, seed=0)["diverged"]
+    return lb.train(_build, data, data, lb.Recipe(32, 16, 1, 5, lambda s: 1e30, _sgd))["diverged"]
 
 
 def test_ranks_that_diverge_stop_together_instead_of_hanging():
