@@ -1,4 +1,5 @@
-"""Lab 03 part 2's report: what the fits on one device, DDP and FSDP show, from the runs' data.
+"""Lab 03's report: what its runs show (part 1's epoch times, part 2's fits on one device, DDP
+and FSDP, part 4's bytes per rank), from the runs' data.
 
 ``fits`` is {setup: {(depth, width): result}} (helpers.labs.lab03_runs.fit_image, rank 0's), and
 ``setups`` {setup: (ranks, parallel)}, the one-device setup first. The maps for the heatmaps, the
@@ -8,10 +9,18 @@ results table, the peaks by part against one device's, and the step-time verdict
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 
+import pandas as pd
+
+from helpers.labs.lab03_runs import make_model
+from helpers.launcher import world
 from helpers.measure import findings
+from helpers.measure.timing import spread
+from helpers.parallel.sharding import STAGES, fsdp_shard_numel
+from helpers.workloads.models import n_params
 
 PARTS = ["parameters", "gradients", "optimizer_state", "activations", "total"]
 BLOCKS = 7  # a run's timed steps in 7 blocks of consecutive steps; each block's median a sample
@@ -178,3 +187,151 @@ def ratio_case(before: list, after: list, steps_ratio: float, a: int, b: int) ->
     bounds = "those bounds" if len(crossed) > 1 else "that bound"
     return head + (f"reaching {' and '.join(crossed)}: within this run's spread of {bounds}, so "
                    "the run cannot place the ratio more precisely")  # fmt: skip
+
+
+# -- what the notebook shows: tables, plots and findings from the runs' data --------------------
+# Each one shows what it computes (IPython's display for a table, print for a line, a figure of
+# its own for a plot, which it returns: a cell ends it with ``;``), in the order the lab's cells
+# showed them before they moved here.
+
+PAIRS = [("DDP", "one device"), ("FSDP", "one device"), ("FSDP", "DDP")]
+
+
+def epoch_table(times: dict, n_pixels: int):
+    """Part 1: a row per batch size, its steps per epoch and its epochs' spread in seconds."""
+    return pd.DataFrame([{"batch size": b, "steps": math.ceil(n_pixels / b), **spread(t)}
+                         for b, t in times.items()])  # fmt: skip
+
+
+def plot_epochs(by_batch, device_memory: str, n_pixels: int):
+    """Part 1: seconds per epoch against the batch size, the median with min–max bars."""
+    ax = by_batch.plot(x="batch size", y="median", marker="o", legend=False, capsize=3,
+                       yerr=[by_batch["median"] - by_batch["min"], by_batch["max"] - by_batch["median"]],
+                       ylabel="seconds per epoch",
+                       title=f"One device (1 core, {device_memory}): an epoch of {n_pixels} pixels")  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(by_batch["batch size"], by_batch["batch size"])
+    ax.set_ylim(bottom=0)
+    return ax.figure
+
+
+def epoch_findings(times: dict, by_batch) -> None:
+    """Part 1: each batch size against the one before it, the ratio of the epochs' medians
+    beside the ratio of the steps (a table), the comparison of their repeats, where the ratio
+    lies against its bounds (``ratio_case``); then the order of every size."""
+    from IPython.display import display
+
+    n_steps = dict(zip(by_batch["batch size"], by_batch["steps"], strict=True))
+    steps = "steps ratio (the time ratio if a step cost the same at any batch)"
+    display(pd.DataFrame([{"from batch": a, "to batch": b,
+                           "epoch time ratio (medians)": statistics.median(times[b]) / statistics.median(times[a]),
+                           steps: n_steps[b] / n_steps[a]}
+                          for a, b in itertools.pairwise(times)]).round(2))  # fmt: skip
+    for a, b in itertools.pairwise(times):
+        print(
+            findings.compare(
+                {f"batch {b}": times[b], f"batch {a}": times[a]}, "s", what="epoch time"
+            )
+        )
+        print(ratio_case(times[a], times[b], n_steps[b] / n_steps[a], a, b))
+    print(findings.order({f"batch {b}": t for b, t in times.items()}, "s", what="epoch time"))
+
+
+def heatmaps(fits: dict, setups: dict, depths, widths, device_memory: str, steps: int, heatmap):
+    """Part 2: quality, time and memory over depth × width, a row per setup, one colour scale
+    per quantity; ``heatmap`` draws one (helpers.plots.heatmap, a layer this one may not import)."""
+    import matplotlib.pyplot as plt
+
+    maps, units = grids(fits, setups, depths, widths, device_memory)
+    fig, axes = plt.subplots(len(setups), len(units), figsize=(4.6 * len(units), 3.1 * len(setups)))
+    for col, kind in enumerate(units):
+        low, high = colour_range(maps, kind)  # one colour scale per quantity, in every row
+        for row, s in enumerate(setups):
+            heatmap(maps[kind, s], depths, widths, value_name=units[kind], ax=axes[row, col],
+                    vmin=low, vmax=high)  # fmt: skip
+            busy = kind == "time" and setups[s][0] > 1 and world.oversubscribed(setups[s][0])
+            axes[row, col].set_title(
+                f"{kind}, {label(setups, s)}" + (" OVERSUBSCRIBED" if busy else "")
+            )
+    fig.suptitle(f"{steps} full-image steps; each device has {device_memory} (grey: out of memory)")
+    fig.tight_layout()
+    return fig
+
+
+def fit_results(fits: dict, setups: dict, configs) -> None:
+    """Part 2: the results table, then the largest PSNR difference from one device's under
+    each other setup; the same update on one device and on several must give the same image."""
+    from IPython.display import display
+
+    def params_of(d, w):
+        return n_params(make_model(d, w))
+
+    display(pd.DataFrame(results_table(fits, setups, configs, params_of)).round(2))
+    for s, gap in psnr_gaps(fits, setups, configs).items():
+        print(f"largest PSNR difference between one device and {label(setups, s)} where both "
+              f"ran: {gap:.1e} dB")  # fmt: skip
+        if not gap < 0.01:
+            raise AssertionError(
+                "the same update on one device and on several must give the same image"
+            )
+
+
+def show_images(fits: dict, configs, image: dict):
+    """Part 2: the image, and FSDP's fits of the last three configurations that ran."""
+    import matplotlib.pyplot as plt
+
+    h, w = image["size"]
+    shown = [(d, w_) for d, w_ in configs if "image" in fits["FSDP"][d, w_]][-3:]
+    fig, axes = plt.subplots(1, len(shown) + 1, figsize=(3 * (len(shown) + 1), 2.4))
+    axes[0].imshow(image["pixels"].reshape(h, w, 3))
+    axes[0].set_title("the image")
+    for ax, (d, w_) in zip(axes[1:], shown, strict=True):
+        r = fits["FSDP"][d, w_]
+        ax.imshow(r["image"])
+        ax.set_title(f"{d}×{w_}: {r['psnr']:.1f} dB")
+    for ax in axes:
+        ax.axis("off")
+    return fig
+
+
+def by_part(fits: dict, setups: dict, configs, device_memory: str):
+    """Part 2: each setup's peak by part on its fullest device, in MB, and whether it fitted."""
+    rows = [{"depth": d, "width": w, "setup": s,
+             **{p.replace("_", " "): fits[s][d, w]["peak"][p] / 1e6 for p in PARTS},
+             f"fits {device_memory}": "oom" not in fits[s][d, w]}
+            for d, w in configs for s in setups]  # fmt: skip
+    return pd.DataFrame(rows).set_index(["depth", "width", "setup"]).round(3)
+
+
+def two_devices(fits: dict, setups: dict, configs) -> None:
+    """Part 2: where each model fitted; each part of the peak against one device's; the step
+    time of each pair of setups, a verdict per configuration (a table) and their counts."""
+    from IPython.display import display
+
+    print(out_of_memory(fits, setups, configs))
+    print("\n".join(peak_ratios(fits, setups, configs)))
+    verdicts = step_time_verdicts(fits, configs, PAIRS)
+    display(pd.DataFrame([{"depth": c[0], "width": c[1],
+                           **{f"step time, {a} / {b}": word(verdicts[a, b, c]) for a, b in PAIRS}}
+                          for c in configs]))  # fmt: skip
+    print("\n".join(verdict_counts(verdicts, PAIRS)))
+
+
+def state_table(predicted: dict, measured: dict, depth: int, width: int):
+    """Part 4: the bytes per rank predicted for each stage beside each rank's measured ones
+    (stage 2 is not measured). FSDP's (stage 3) parameters and gradients are checked here to be
+    its padding of each tensor's dim 0 to a multiple of n, exactly."""
+    rows = []
+    for stage in (0, 1, 2, 3):
+        for part in ("parameters", "gradients", "optimizer_state"):
+            row = {"stage": STAGES[stage], "part": part.replace("_", " "),
+                   "predicted": predicted[stage][part]}  # fmt: skip
+            for rank, m in enumerate(measured.get(stage, [])):
+                row[f"rank {rank}"] = m[part]
+            rows.append(row)
+    shapes = [tuple(p.shape) for p in make_model(depth, width).parameters()]
+    numel = sum(fsdp_shard_numel(s, len(measured[3])) for s in shapes)
+    if not all(m["parameters"] == m["gradients"] == 4 * numel for m in measured[3]):
+        raise AssertionError(measured[3])
+    table = pd.DataFrame(rows)
+    return table.astype({c: "Int64" for c in table.columns if c.startswith("rank")})

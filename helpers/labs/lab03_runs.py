@@ -1,7 +1,9 @@
-"""Lab 03's runs on ranks: part 2's fits of the image and part 3's ZeroOne training.
+"""Lab 03's runs: part 1's device peak and epoch times, part 2's fits of the image, part 3's
+ZeroOne training and part 4's bytes kept per rank.
 
 They run the student's code (``psnr``, ``ZeroOne``), passed in as arguments, on the ranks of a
-``helpers.launch``; what they return is data for the notebook's tables and for the tests' probes.
+``helpers.launch`` (part 1's peak in the kernel, its epochs in one launched rank); what they
+return is data for the notebook's tables and for the tests' probes.
 They are machinery, not references: a check never trusts what they return, it recomputes what it
 compares against (helpers.labs.lab03). Kept here so the lab's cells hold the student's task.
 """
@@ -18,6 +20,70 @@ from helpers.measure.memory import memory_limit, nbytes, optimizer_tensors
 from helpers.measure.tracing import trace
 from helpers.parallel.sharding import payload, shard_fully
 from helpers.workloads.models import coordinate_mlp
+
+# -- part 1: the device's peak and the epoch times of part 1's model ---------------------------
+# ``image`` is the lab's {"inputs", "pixels", "size" (H, W), "budget", "lr"} (its set-up cell).
+
+
+def make_model(depth: int, width: int, seed: int = 0, dtype=torch.float32):
+    """The lab's coordinate MLP: the same initial weights for the same seed (on every rank)."""
+    torch.manual_seed(seed)
+    return coordinate_mlp(FEATURES, depth, width).to(dtype)
+
+
+def pixel_batch(image: dict, batch: int, seed: int = 0):
+    """``batch`` pixels drawn at random without repeats (the same ones for the same seed)."""
+    h, w = image["size"]
+    idx = torch.randperm(h * w, generator=torch.Generator().manual_seed(seed))[:batch]
+    return image["inputs"][idx].clone(), image["pixels"][idx].clone()
+
+
+def step_peak(batch: int, image: dict, depth: int, width: int, budget=None):
+    """Peak bytes of two Adam steps at ``batch`` pixels (the second holds Adam's state from its
+    start), as helpers.memory_limit counts them; None, with the error's first line printed, if
+    they ran out of ``budget`` bytes, as a GPU would."""
+    h, w = image["size"]
+    if not 0 < batch <= h * w:
+        raise ValueError(
+            f"a batch of {batch} pixels: the image has {h * w}; lower device_memory or enlarge "
+            "image_size"
+        )
+    model = make_model(depth, width)
+    opt = torch.optim.Adam(model.parameters(), lr=image["lr"])
+    x, y = pixel_batch(image, batch)
+    try:
+        with memory_limit(budget or 10**15, model, opt) as mem:
+            for _ in range(2):
+                opt.zero_grad()
+                ((model(x) - y) ** 2).mean().backward()
+                opt.step()
+                mem.check()
+    except torch.OutOfMemoryError as oom:
+        print(f"batch {batch}: " + str(oom).split(". In use")[0])
+        return None
+    return mem.peak["total"]
+
+
+def epoch_times(image: dict, depth: int, width: int, sizes, repeats: int) -> dict:
+    """{batch size: seconds of each epoch}: ``repeats`` epochs of training at each of ``sizes``,
+    interleaved; round 0 warms up and is not kept. Each epoch's batches are drawn before its
+    clock starts (the data is in memory: no loading is timed). Run in a launched rank."""
+    h, w = image["size"]
+    model = make_model(depth, width)
+    opt = torch.optim.Adam(model.parameters(), lr=image["lr"])
+    times = {b: [] for b in sizes}
+    for r in range(repeats + 1):
+        for b in sizes:
+            order = torch.randperm(h * w).split(b)
+            batches = [(image["inputs"][i], image["pixels"][i]) for i in order]
+            start = time.perf_counter()
+            for x, y in batches:
+                opt.zero_grad()
+                ((model(x) - y) ** 2).mean().backward()
+                opt.step()
+            if r:
+                times[b].append(time.perf_counter() - start)
+    return times
 
 
 def _setup(depth: int, width: int, parallel: str | None, lr: float):
