@@ -122,6 +122,53 @@ def run_config(setting: dict, data, config, steps, warmup, backend) -> list[dict
                   world_size=ws, backend=backend, output="none")  # fmt: skip
 
 
+# -- part 3: the student's average_gradients beside DDP and one process ----------------------------
+
+
+def train_three_ways(
+    average_gradients, setting: dict, data, steps: int = 3, batch: int = 16
+) -> dict:
+    """On every rank: the lab's model trained from the same start with the student's
+    ``average_gradients`` and with DDP, each on this rank's shard of each global batch, and by
+    one process on the whole global batch; the three models' parameters."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    x_all, y_all = data
+    manual, ddp_model, single = make_model(setting), DDP(make_model(setting)), make_model(setting)
+    opts = [make_optimizer(m, setting) for m in (manual, ddp_model, single)]
+    loss_fn = nn.CrossEntropyLoss()
+    for step in range(steps):
+        idx = torch.arange(step * batch * size, (step + 1) * batch * size)  # the global batch
+        mine = idx[rank::size]  # this rank's shard
+        for model, opt in zip((manual, ddp_model), opts, strict=False):
+            opt.zero_grad()
+            loss_fn(model(x_all[mine]), y_all[mine]).backward()
+            if model is manual:
+                average_gradients(model)
+            opt.step()
+        opts[2].zero_grad()
+        loss_fn(single(x_all[idx]), y_all[idx]).backward()  # mean over the global batch
+        opts[2].step()
+
+    def params(m):
+        return [p.detach().clone() for p in m.parameters()]
+
+    return {
+        "manual": params(manual),
+        "ddp": params(ddp_model.module),
+        "one_process": params(single),
+    }
+
+
+def largest_differences(per_rank: list[dict]) -> list[dict]:
+    """Per rank: the largest |manual − DDP| and |manual − one process| over all parameters."""
+
+    def diff(a, b):
+        return max((p - q).abs().max().item() for p, q in zip(a, b, strict=True))
+
+    return [{"vs_ddp": diff(r["manual"], r["ddp"]), "vs_one_process": diff(r["manual"], r["one_process"])}
+            for r in per_rank]  # fmt: skip
+
+
 # -- part 6: what the α–β model predicts ----------------------------------------------------------
 
 

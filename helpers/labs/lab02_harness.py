@@ -27,7 +27,7 @@ from helpers.measure.comm import CommRecorder
 from helpers.measure.scaling import step_seconds
 from helpers.measure.timing import StepTimer
 from helpers.measure.tracing import trace
-from helpers.parallel.dataparallel import AsyncRecorder, ThreadDevices
+from helpers.parallel.dataparallel import AsyncRecorder, ThreadDevices, hook_bytes
 from helpers.workloads import data
 from helpers.workloads.models import n_params
 
@@ -314,6 +314,33 @@ def train_with_hook(hook, r, seed, epochs, lr, hidden, depth, per_rank_batch=32,
     with torch.no_grad():
         accuracy = (model.module(xt.to(dev)).argmax(1) == yt.to(dev)).float().mean().item()
     return {"bytes/step": sorted(set(sent)), "accuracy": accuracy, "loss": loss.item()}
+
+
+# the settings part 5 compares: (hook, PowerSGD's rank): fp32, fp16, bf16, PowerSGD at three ranks
+SETTINGS = [
+    ("none", 0),
+    ("fp16", 0),
+    ("bf16", 0),
+    ("powersgd", 1),
+    ("powersgd", 2),
+    ("powersgd", 4),
+]
+
+
+def compression_runs(seeds, epochs, lr, hidden, depth, world_size, backend) -> list[dict]:
+    """Part 5: the lab's MLP trained under DDP with each of SETTINGS' hooks, from each seed
+    (``train_with_hook`` on ``world_size`` ranks), its bytes per step checked against
+    ``hook_bytes``: a row per run (hook, seed, bytes/step, test accuracy, final loss)."""
+    rows = []
+    for hook, r in SETTINGS:
+        want = hook_bytes(lab02.make_model(0, hidden, depth), hook, rank=max(r, 1))
+        for seed in seeds:
+            res = launch(train_with_hook, hook, r, seed, epochs, lr, hidden, depth,
+                         world_size=world_size, backend=backend, output="none")[0]  # fmt: skip
+            assert res["bytes/step"] == [want], (hook, r, res["bytes/step"], want)
+            rows.append({"hook": hook + (f" r={r}" if r else ""), "seed": seed, "bytes/step": want,
+                         "test accuracy": res["accuracy"], "final loss": res["loss"]})  # fmt: skip
+    return rows
 
 
 # -- part 1: against nn.DataParallel, where there are GPUs ------------------------------------------

@@ -398,8 +398,9 @@ def test_the_unfinished_student_version_says_what_to_do():
 # Cells no graded test reads (timelines, timing runs, the compression sweep, plots), left out of
 # the graded copies to keep the suite short; the whole lab is executed by `course run` and
 # `course check`, and these cells' own assertions run there.
-UNGRADED = ("plot_spans(", "lab02_harness.against_nn_dataparallel(", "lab02_harness.timing_rows(", "helpers.plots.overlap(",
-            "by_phase = ", "with no_sync: ", "settings = [", "ax.errorbar(")  # fmt: skip
+UNGRADED = ("lab02_report.dp_timeline(", "lab02_harness.against_nn_dataparallel(", "lab02_report.timing(",
+            "lab02_report.plot_overlaps(", "lab02_report.bytes_by_phase(", "lab02_report.no_sync_line(",
+            "lab02_harness.compression_runs(", "lab02_report.plot_compression(")  # fmt: skip
 
 
 verdict_run, test_replaying_the_locked_helpers_of_another_seed_scores_nothing = (
