@@ -20,7 +20,9 @@ LOCKED_LIMIT = 30  # lines of one locked code cell
 
 
 def code_lines(source: str) -> int:
-    return sum(1 for line in source.splitlines() if line.strip() and not line.strip().startswith("#"))
+    return sum(
+        1 for line in source.splitlines() if line.strip() and not line.strip().startswith("#")
+    )
 
 
 def kind(cell) -> str:
@@ -55,7 +57,9 @@ def test_no_locked_cell_is_long(path):
         if cell.cell_type == "code" and kind(cell) == "locked"
         if code_lines(cell.source) > LOCKED_LIMIT
     ]
-    assert not long, f"{path.name}: locked cells over {LOCKED_LIMIT} lines: {long}; move it to helpers.labs"
+    assert not long, (
+        f"{path.name}: locked cells over {LOCKED_LIMIT} lines: {long}; move it to helpers.labs"
+    )
 
 
 @pytest.mark.parametrize("path", LABS, ids=lambda p: p.stem)
@@ -74,7 +78,9 @@ def test_the_census_tells_the_kinds_apart():
     meta = lambda grade, locked: {"nbgrader": {"grade": grade, "locked": locked}}  # noqa: E731
     nb.cells = [
         nbformat.v4.new_code_cell("a = 1\nb = 2", metadata={"tags": ["parameters"]}),
-        nbformat.v4.new_code_cell("def f():\n    # why\n\n    return 1", metadata=meta(False, False)),
+        nbformat.v4.new_code_cell(
+            "def f():\n    # why\n\n    return 1", metadata=meta(False, False)
+        ),
         nbformat.v4.new_code_cell("assert f() == 1", metadata=meta(True, True)),
         nbformat.v4.new_code_cell("import x\nimport y\nimport z", metadata=meta(False, True)),
         nbformat.v4.new_code_cell("plot()"),
