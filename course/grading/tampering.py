@@ -23,16 +23,27 @@ from course.grading import cells
 SUSPECT_CALLS = {
     "setattr": "setattr(...)",
     "globals": "globals()",
+    "vars": "vars(...)",  # a module's dict: its names rebound by subscript, not by attribute
     "setprofile": "sys.setprofile",
     "settrace": "sys.settrace",
+    "getprofile": "sys.getprofile",  # hands over the hook itself, and what its closure records
+    "gettrace": "sys.gettrace",
+    "_getframe": "sys._getframe",
     "addaudithook": "sys.addaudithook",
 }
+# Attributes that reach inside a function, a module or a running frame: the way to a hook's
+# record (a closure's cells), a harness's globals, or the grader's own frames.
+SUSPECT_ATTRIBUTES = {
+    "__dict__", "__closure__", "__code__", "__defaults__", "__kwdefaults__", "__globals__",
+    "f_locals", "f_globals", "f_back", "tb_frame", "gi_frame", "cr_frame",
+}  # fmt: skip
 
 
 def flags(source, assembled: list) -> list[str]:
     """One note per cell of ``assembled`` (the notebook to run, before the grading profile) that
     the student wrote (an answer or a cell of their own) and that rebinds a name a locked cell
-    of ``source`` binds, assigns into an imported module, or makes a SUSPECT_CALLS call."""
+    of ``source`` binds, assigns into an imported module, makes a SUSPECT_CALLS call or reaches
+    a SUSPECT_ATTRIBUTES attribute."""
     given = locked_names(source)
     # the lab's own ungraded cells, as it ships them: what they do is the lab's, not the student's
     shipped = {c.source for c in source.cells if c.cell_type == "code" and not cells.grade_id(c)}
@@ -136,12 +147,15 @@ def _patches(tree, modules: set[str]) -> list[str]:
 
 
 def _calls(tree) -> list[str]:
+    """SUSPECT_CALLS made, and SUSPECT_ATTRIBUTES reached (read or written)."""
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             name = getattr(node.func, "attr", None) or getattr(node.func, "id", None)
             if name in SUSPECT_CALLS:
                 found.append(f"calls {SUSPECT_CALLS[name]}")
+        elif isinstance(node, ast.Attribute) and node.attr in SUSPECT_ATTRIBUTES:
+            found.append(f"reaches {node.attr}")
     return sorted(set(found))
 
 

@@ -70,6 +70,29 @@ FLAGGED = {
         "import sys\nsys.addaudithook(print)",
         "calls sys.addaudithook",
     ),
+    # a harness in helpers.labs is found at call time: its module's dict is the way round
+    # "assigns": a subscript store, through vars() or __dict__
+    "a harness module's dict": (
+        "lab02_setup",
+        "from helpers.labs import lab02_harness as h\nvars(h)['dp_run'] = print",
+        "calls vars(...)",
+    ),
+    "a harness module's __dict__": (
+        "lab02_setup",
+        "from helpers.labs import lab02_harness as h\nh.__dict__.update(dp_run=print)",
+        "reaches __dict__",
+    ),
+    # the hook a test watches, handed over, and the record its closure holds emptied
+    "the profiler hook's record": (
+        "lab02_setup",
+        "import sys\nfor c in sys.getprofile().__closure__:\n    c.cell_contents.clear()",
+        "reaches __closure__",
+    ),
+    "a frame's locals": (
+        "lab02_setup",
+        "import sys\nsys._getframe(1).f_locals.clear()",
+        "calls sys._getframe",
+    ),
 }
 
 
