@@ -73,7 +73,8 @@ def adopt(
     executed: Path | str, reference: Path | str, profile: str = "quick", to: Path | None = None
 ) -> Path:
     """Store `course run`'s executed copy of ``reference`` as its recording (in ``reference``, or
-    ``to``), when it ran the same code, to the end, with ``profile``.
+    ``to``), when it ran the same code, to the end, with ``profile``; the markdown is the
+    notebook's own (prose edited since the build is kept: it changes no output).
 
     Why: one clean run of the main job on an idle machine is then both the timing the README gives
     and the recording the suite compares later builds against, instead of a second run that
@@ -96,21 +97,25 @@ def adopt(
     root = Path(source).parents[len(rel.parts) - 1]  # the checkout the build ran in
     run.metadata.pop("course_run", None)  # how the build's run ended: checked above
     nb = normalise(run, root)
-    differs = _first_difference(nb, nbformat.read(reference, as_version=4))
+    stored = nbformat.read(reference, as_version=4)
+    differs = _first_difference(nb, stored)
     if differs is not None:
         raise SystemExit(
             f"{executed} ran other code than {rel} ({differs}): build again from this checkout, "
             f"or `course record {rel}`"
         )
+    # prose runs nothing: the notebook's own text, edited since the build, is kept
+    pairs = zip(nb.cells, stored.cells, strict=True)  # as many cells: checked above
+    nb.cells = [y if y.cell_type == "markdown" else x for x, y in pairs]
     to = Path(to) if to is not None else reference
     to.write_text(nbformat.writes(nb) + "\n", encoding="utf-8")
     return to
 
 
 def _first_difference(executed, reference) -> str | None:
-    """Where two notebooks' cells differ in kind or source, or None when they hold the same."""
-    a = [(c.cell_type, c.source) for c in executed.cells]
-    b = [(c.cell_type, c.source) for c in reference.cells]
+    """Where two notebooks' cells differ in kind or code, or None when they run the same."""
+    a = [(c.cell_type, c.source if c.cell_type == "code" else "") for c in executed.cells]
+    b = [(c.cell_type, c.source if c.cell_type == "code" else "") for c in reference.cells]
     if len(a) != len(b):
         return f"{len(a)} cells against {len(b)}"
     for i, (x, y) in enumerate(zip(a, b, strict=True)):

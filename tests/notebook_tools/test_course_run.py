@@ -131,7 +131,15 @@ def test_a_build_is_adopted_as_the_recording_only_when_it_ran_the_same_code(buil
     assert counts == sorted(counts) and counts[0] >= 1
 
 
-def _executed_copy(tmp_path, profile="quick", ok=True, edit=None):
+def test_prose_edited_since_the_build_is_kept(tmp_path):
+    from course.record import adopt
+
+    executed, reference = _executed_copy(tmp_path, prose="An older sentence.")
+    stored = nbformat.read(adopt(executed, reference, to=tmp_path / "r.ipynb"), 4)
+    assert [c.source for c in stored.cells] == [c.source for c in nbformat.read(reference, 4).cells]
+
+
+def _executed_copy(tmp_path, profile="quick", ok=True, edit=None, prose=None):
     """A notebook as `course run` leaves it, made by hand: the refusals need no kernel."""
     reference = REPO / "lectures" / "00_setup_check.ipynb"
     nb = nbformat.read(reference, 4)
@@ -139,6 +147,8 @@ def _executed_copy(tmp_path, profile="quick", ok=True, edit=None):
     nb.metadata["course_run"] = {"profile": profile, "ok": ok, "error": "" if ok else "boom"}
     if edit is not None:
         nb.cells[edit].source += "\nprint('changed')"
+    if prose is not None:
+        next(c for c in nb.cells if c.cell_type == "markdown").source = prose
     path = tmp_path / "executed.ipynb"
     nbformat.write(nb, path)
     return path, reference
