@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,7 @@ def execute(entry: Entry, profile: str, out_dir: Path, kernel: str = KERNEL_NAME
     output = output_path(entry.path, out_dir)
     output.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
+    load_before = os.getloadavg()[0]
     ok, error = True, ""
     try:
         papermill.execute_notebook(
@@ -70,7 +72,7 @@ def execute(entry: Entry, profile: str, out_dir: Path, kernel: str = KERNEL_NAME
             error = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     seconds = time.perf_counter() - start
     if output.exists():
-        stamp(output, profile, ok, error)
+        stamp(output, profile, ok, error, max(load_before, os.getloadavg()[0]))
     page = to_html(output) if output.exists() else None
     return RunResult(entry, output, page, seconds, ok, error)
 
@@ -82,13 +84,17 @@ def output_path(notebook: Path, out_dir: Path) -> Path:
     return Path(out_dir) / rel
 
 
-def stamp(output: Path, profile: str, ok: bool, error: str) -> None:
+def stamp(output: Path, profile: str, ok: bool, error: str, load: float | None = None) -> None:
     """Record in the executed notebook how its run ended. papermill alone cannot tell: a cell cut
-    at its time limit, or a kernel that died, is marked "completed" like any other cell."""
+    at its time limit, or a kernel that died, is marked "completed" like any other cell.
+    ``load``: the machine's load average around the run, beside the cores this process may use:
+    a timing made where other work held the cores is not one made on free devices."""
     import nbformat
 
     nb = nbformat.read(output, as_version=4)
     nb.metadata["course_run"] = {"profile": profile, "ok": ok, "error": error}
+    if load is not None:
+        nb.metadata["course_run"].update(load=round(load, 2), cores=len(os.sched_getaffinity(0)))
     nbformat.write(nb, output)
 
 

@@ -86,10 +86,17 @@ def assert_makes_its_book(entries: list[Entry], out: Path) -> None:
 
 
 # Whether a reversal between this run and the recorded notebooks fails the suite: yes, now that
-# every notebook judges its comparisons as one family (findings.family) and a build on an idle
-# machine, compared with recordings made under load, reversed none of its 87 shared verdicts
-# (issue 46). A weakening (separated in one run, not in the other) is listed, never failed.
+# every notebook judges its comparisons as one family (findings.family) and two builds on an idle
+# machine reversed none of their shared verdicts (issue 46). A weakening (separated in one run,
+# not in the other) is listed, never failed; so is a reversal in a notebook this run made on a
+# contended machine (see ``contended``).
 STRICT = True
+# A run is contended when the load average around it exceeded the cores by more than this: the
+# notebook's own ranks and kernel load the cores they are given; more is other work. The
+# recordings are made on an idle machine; a verdict that pits one rank against two, or threads
+# against one core, can turn round when other work holds the cores (the device model: a rank is
+# a core it can use), which is the machine, not chance, and not the notebook's to answer for.
+SPARE_LOAD = 1.0
 
 
 def assert_no_verdict_reversed(
@@ -98,8 +105,9 @@ def assert_no_verdict_reversed(
     """`course compare` of this run (``out``) against the recorded notebooks (``against``): it
     reads their verdicts and lists every one that differs, printed with the test's output. A
     REVERSAL (x ahead of y in one, y ahead of x in the other) fails when ``strict`` (default:
-    STRICT), the message naming each notebook, its cells and both verdicts; a weakening never
-    fails. Bad input to `course compare` (exit status 2) always fails."""
+    STRICT), the message naming each notebook, its cells and both verdicts, unless this run of
+    that notebook was contended (listed, with its load); a weakening never fails. Bad input to
+    `course compare` (exit status 2) always fails."""
     proc = subprocess.run(
         [sys.executable, "-m", "course", "compare", str(out), str(against)],
         cwd=REPO,
@@ -113,10 +121,31 @@ def assert_no_verdict_reversed(
     assert f"{len(entries)} notebooks" in summary and "verdicts in both" in summary, summary
     strict = STRICT if strict is None else strict
     if strict:
-        reversed_ = reversals(proc.stdout) or [proc.stdout[-3000:]] * (proc.returncode == 1)
-        assert not reversed_, (
-            f"a verdict reversed between this run (A) and {against} (B):\n" + "\n".join(reversed_)
+        found = reversals(proc.stdout)
+        if proc.returncode == 1 and not found:  # exit 1 names a reversal this parse missed
+            found = [proc.stdout[-3000:]]
+        busy = {block: contended(out, block) for block in found}
+        for block, load in busy.items():
+            if load:
+                print(f"not failed, this run was contended ({load}):\n{block}")
+        failing = [block for block, load in busy.items() if not load]
+        assert not failing, (
+            f"a verdict reversed between this run (A) and {against} (B):\n" + "\n".join(failing)
         )
+
+
+def contended(out: Path, block: str) -> str:
+    """'load 6.1 on 2 cores' when this run of the notebook a REVERSAL block names was made on a
+    machine busier than its cores (by more than SPARE_LOAD), else ''."""
+    first = block.splitlines()[0].split()
+    path = out / first[1].rstrip(",") if len(first) > 1 else None
+    if path is None or not path.exists():
+        return ""
+    ran = nbformat.read(path, as_version=4).metadata.get("course_run", {})
+    load, cores = ran.get("load"), ran.get("cores")
+    if load is None or cores is None or load <= cores + SPARE_LOAD:
+        return ""
+    return f"load {load} on {cores} cores"
 
 
 def reversals(report: str) -> list[str]:

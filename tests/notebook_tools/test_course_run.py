@@ -30,6 +30,8 @@ def test_course_run_executes_the_lectures_under_papermill_into_an_index(build):
     setup = nbformat.read(out / "lectures" / "00_setup_check.ipynb", as_version=4)
     text = "".join(o.get("text", "") for c in setup.cells for o in c.get("outputs", []))
     assert "[rank 0] I am rank 0 of 2" in text and "[rank 1] I am rank 1 of 2" in text
+    ran = setup.metadata["course_run"]  # how busy the machine was: syllabus_run.contended reads it
+    assert ran["load"] >= 0 and ran["cores"] >= 1, ran
 
 
 @pytest.mark.slow
