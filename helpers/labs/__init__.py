@@ -11,14 +11,14 @@ computed here, by the check, from the inputs the check draws itself.
 
 import contextlib
 
+import torch
+
 
 @contextlib.contextmanager
 def one_core():
     """Run a reference's small steps on one intra-op thread, as the lab's rank (one core, one
     device) runs them: on a busy grader more threads only spin, and the check's CPU seconds are
     the submission's. The caller's thread count is restored."""
-    import torch
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

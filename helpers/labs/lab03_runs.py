@@ -14,6 +14,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from helpers.labs.lab03 import FEATURES, OPTIMIZERS, zero_batch
 from helpers.measure.memory import memory_limit, nbytes, optimizer_tensors
@@ -89,8 +90,6 @@ def epoch_times(image: dict, depth: int, width: int, sizes, repeats: int) -> dic
 def _setup(depth: int, width: int, parallel: str | None, lr: float):
     """Part 2's model on this rank: plain, DDP (the batch split) or FSDP (everything sharded),
     with its Adam, and whether DDP keeps its gradient buckets between steps."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     torch.manual_seed(0)  # every rank builds the same initial weights
     model = coordinate_mlp(FEATURES, depth, width)
     ddp = dist.get_world_size() > 1 and parallel == "ddp"
@@ -167,8 +166,6 @@ def zero_training(
     """Train DDP + the student's ``zero_class`` (ZeroOne) on this rank: after every step the
     parameters, the bytes step() gathered and the collectives it called; the state it keeps.
     Before each step the gradients outside the rank's shard are garbage: it must not read them."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     rank, n = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = DDP(coordinate_mlp(FEATURES, depth, width).to(getattr(torch, dtype)))
@@ -207,8 +204,6 @@ def measured_state(stage: int, zero_class, model: dict) -> dict:
     ``model["depth"]``, ``model["width"]``) at ``model["lr"]``: stage 0 DDP, 1 DDP with the
     student's ``zero_class`` (ZeroOne), 3 fully_shard. The batch is random: bytes kept do not
     depend on the values."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     from helpers.measure.memory import breakdown
 
     torch.manual_seed(0)  # every rank builds the same initial weights

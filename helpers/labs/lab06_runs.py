@@ -121,7 +121,7 @@ def to_target(batches, world_size: int, repeats: int, backend: str, data: tuple,
 def vit():
     """Part 3's model: torchvision's VisionTransformer, 2 layers of width 64, 8 x 8 images in
     2 x 2 patches, 10 classes."""
-    from torchvision.models import VisionTransformer
+    from torchvision.models import VisionTransformer  # slow to import; part 3 only (CONTRIBUTING)
 
     return VisionTransformer(image_size=8, patch_size=2, num_layers=2, num_heads=4,
                              hidden_dim=64, mlp_dim=128, num_classes=10)  # fmt: skip

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import time
 
+import torch
+import torch.distributed as dist
+
 from helpers.measure.bandwidth import algbw, bus_factor
 
 OPS = (
@@ -36,9 +39,6 @@ def default_sizes(max_bytes: int = 16 * 2**20, min_bytes: int = 2**10, step: int
 
 def _op_call(op: str, nbytes: int, device):
     """A zero-argument function doing one ``op`` on a buffer of S = ``nbytes`` (float32)."""
-    import torch
-    import torch.distributed as dist
-
     n, r = dist.get_world_size(), dist.get_rank()
     full = max(n, nbytes // ELEMENT // n * n)  # elements of S, divisible by n
     piece = full // n
@@ -79,9 +79,6 @@ def _op_call(op: str, nbytes: int, device):
 
 def _time_per_op(call, iters: int, device) -> float:
     """Mean seconds per call on this rank, averaged over ranks (every rank gets the same)."""
-    import torch
-    import torch.distributed as dist
-
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     dist.barrier()
     sync()
@@ -103,8 +100,6 @@ def sweep(
     its points have used ``budget_s / len(ops)`` seconds (every rank decides alike, from the
     rank-averaged times, so no rank is left waiting in a collective).
     """
-    import torch.distributed as dist
-
     from helpers.launcher.world import device as this_device
     from helpers.launcher.world import uses_nccl
 
@@ -139,15 +134,11 @@ def sweep(
 
 
 def _cpu():
-    import torch
-
     return torch.device("cpu")
 
 
 def memcpy_bandwidth(sizes=None, device=None, target_s: float = 0.05) -> list[dict]:
     """Copy bandwidth of one device (dst.copy_(src)), reported as S / t in GB/s like algbw."""
-    import torch
-
     device = torch.device(device or "cpu")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     records = []
@@ -197,9 +188,6 @@ def benchmark_collectives(
 
 def _time_calls(call, calls: int, device) -> list[float]:
     """Seconds of each of ``calls`` single calls, each the slowest rank's (a barrier before each)."""
-    import torch
-    import torch.distributed as dist
-
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     times = []
     for _ in range(calls):
@@ -222,8 +210,6 @@ def spread_sweep(op: str = "all_reduce", sizes=None, repeats: int = 3, target_s:
     and every call's time, so a table can show the median with its min–max and the mean beside.
     """
     import statistics
-
-    import torch.distributed as dist
 
     from helpers.launcher.world import device as this_device
     from helpers.launcher.world import uses_nccl

@@ -16,6 +16,9 @@ from __future__ import annotations
 import threading
 import time
 
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
 from helpers.measure.bandwidth import ring_allreduce_wire_bytes
 
 
@@ -56,9 +59,6 @@ class CommRecorder:
             rec["calls"] += 1
 
     def _hook(self, state, bucket):
-        import torch.distributed as dist
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
         buffer = bucket.buffer()
         n = dist.get_world_size(state if state is not None else None)
         rec = {

@@ -16,6 +16,10 @@ from __future__ import annotations
 import re
 import weakref
 
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
 UNITS = {
     "": 1,
     "B": 1,
@@ -70,8 +74,6 @@ def nbytes(tensors) -> int:
 
 
 def optimizer_tensors(optimizer):
-    import torch
-
     if optimizer is None:
         return []
     return [
@@ -99,8 +101,6 @@ class memory_limit:  # noqa: N801 - a context manager used like a function
     """A device memory budget for ``model`` (+ ``optimizer``) and the activations it saves."""
 
     def __init__(self, limit, model, optimizer=None, device=None):
-        import torch
-
         self.limit = parse_bytes(limit)
         self.model, self.optimizer = model, optimizer
         p = next(model.parameters(), None)
@@ -121,8 +121,6 @@ class memory_limit:  # noqa: N801 - a context manager used like a function
         return sum(st.nbytes() for st in (r() for r in list(self.live.values())) if st is not None)
 
     def __enter__(self) -> memory_limit:
-        import torch
-
         if self.device.type == "cuda":
             total = torch.cuda.get_device_properties(self.device).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, self.limit / total), self.device)
@@ -139,8 +137,6 @@ class memory_limit:  # noqa: N801 - a context manager used like a function
         return self
 
     def __exit__(self, *exc) -> None:
-        import torch
-
         if self.device.type == "cuda":
             self.peak = {"total": torch.cuda.max_memory_allocated(self.device)}
             torch.cuda.set_per_process_memory_fraction(1.0, self.device)
@@ -163,8 +159,6 @@ class memory_limit:  # noqa: N801 - a context manager used like a function
         ``incoming``: bytes of the allocation being made now (already in the tracked total).
         Called without it, the request is whatever appeared since the last check that fit.
         """
-        import torch
-
         now = breakdown(self.model, self.optimizer, self.activations)
         if now["total"] > self.peak["total"]:
             self.peak = now
@@ -285,8 +279,6 @@ class track:  # noqa: N801 - a context manager used like a function
         self.timeline: list = []  # {"phase", **bytes by part at its end, "peak"} per mark()
 
     def _add(self, t, into=None) -> None:
-        import torch
-
         if not isinstance(t, torch.Tensor):
             return
         st = _storage(t)
@@ -309,8 +301,6 @@ class track:  # noqa: N801 - a context manager used like a function
 
     def now(self) -> dict:
         """Bytes alive now, by part (each storage counted once, in the first part it is in)."""
-        import torch
-
         params, grads, state = self._known()
         for t in (*params, *grads, *state):  # made outside the block, e.g. by an optimizer hook
             self._add(t)
@@ -354,15 +344,10 @@ class track:  # noqa: N801 - a context manager used like a function
         return snap
 
     def __enter__(self) -> track:
-        import torch
-        from torch.utils._python_dispatch import TorchDispatchMode
-
         tracker = self
 
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                from torch.utils._pytree import tree_leaves
-
                 if any(getattr(t, "__name__", "") == "DTensor" for t in types):
                     return NotImplemented  # let DTensor run its local ops; we see those
                 out = func(*args, **(kwargs or {}))

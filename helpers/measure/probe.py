@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import functools
 
+import torch
+import torch.distributed as dist
+
 OPS = (
     "send",
     "recv",
@@ -73,9 +76,6 @@ def _expect(op: str, r: int, n: int, reduce_op: str = "SUM") -> list | None:
 
 def _run(op: str, device, group=None, reduce_op: str = "SUM") -> list | None:
     """Do ``op`` once on this rank with tensors on ``device``; return what this rank holds."""
-    import torch
-    import torch.distributed as dist
-
     r, n = dist.get_rank(group), dist.get_world_size(group)
     mine = torch.tensor([10.0 * r + i for i in range(n)], device=device)  # (n,)
     red = getattr(dist.ReduceOp, reduce_op)
@@ -160,9 +160,6 @@ def probe_rank(backend: str, device_type: str, ops=OPS, reduce_ops=REDUCE_OPS) -
     Returns one row per probe: {'op', 'reduce_op', 'ok', 'reason'}; ok is True when the op ran
     and every rank holds what it should (a rank that raised makes the probe False on all).
     """
-    import torch
-    import torch.distributed as dist
-
     r, n = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", r % torch.cuda.device_count()) if device_type == "GPU" else "cpu"
     default = dist.get_backend()
@@ -187,9 +184,6 @@ def probe_rank(backend: str, device_type: str, ops=OPS, reduce_ops=REDUCE_OPS) -
 
 def why_not(backend: str, device_type: str, gpus: int | None = None) -> str:
     """'' if this machine can try ``backend`` on ``device_type`` with 2 ranks, else the reason."""
-    import torch
-    import torch.distributed as dist
-
     if gpus is None:
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if not getattr(dist, f"is_{backend}_available")():

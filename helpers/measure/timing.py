@@ -26,6 +26,8 @@ import os
 import statistics
 import time
 
+import torch
+
 PHASES = ("data", "forward", "backward", "optimizer")
 
 
@@ -48,8 +50,6 @@ def union_length(intervals, lo: float = float("-inf"), hi: float = float("inf"))
 
 class StepTimer:
     def __init__(self, device=None, comm=None):
-        import torch
-
         self.cuda = device is not None and torch.device(device).type == "cuda"
         self.comm = comm
         # Set by the launcher (or init_rank under torchrun): this rank shares its cores.
@@ -60,8 +60,6 @@ class StepTimer:
     def _now(self):
         event = None
         if self.cuda:
-            import torch
-
             event = torch.cuda.Event(enable_timing=True)
             event.record()
         return time.perf_counter(), event
@@ -79,16 +77,12 @@ class StepTimer:
                 "StepTimer.mark() before start(): call timer.start() at the top of the step"
             )
         if self.cuda and phase == "backward" and self.comm is not None:
-            import torch
-
             torch.cuda.synchronize()  # the host clock of 'backward' must include the all-reduces
         self._marks.append((phase, *self._now()))
 
     def stop(self) -> dict:
         """End the step; returns (and keeps) its record."""
         if self.cuda:
-            import torch
-
             torch.cuda.synchronize()
         rec = {"step": len(self.records), "spans": []}
         for (_, t0, e0), (name, t1, e1) in zip(self._marks, self._marks[1:], strict=False):

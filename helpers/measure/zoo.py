@@ -15,6 +15,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
 # A parameterised notebook that times one model on one world and writes a JSON file: one point
 # of a papermill sweep (lab 06).
 POINT = Path(__file__).parent / "notebooks" / "step_benchmark.ipynb"
@@ -42,11 +47,6 @@ def profile(name: str, image: int = 64, batch: int = 4, steps: int = 3, warmup: 
     timing). Returns this rank's StepTimer records (warm-up steps first: DDP rebuilds its
     buckets in step 2), the parameter count and the gradient bytes DDP all-reduced per step.
     """
-    import torch
-    import torch.distributed as dist
-    from torch import nn
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     from helpers.launcher.world import device
     from helpers.measure.comm import CommRecorder
     from helpers.measure.timing import StepTimer

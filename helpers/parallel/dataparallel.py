@@ -27,6 +27,9 @@ import queue
 import threading
 import time
 
+import torch
+import torch.distributed as dist
+
 
 class ThreadDevices:
     """``n`` emulated devices: one persistent worker thread each, ``threads`` torch threads each."""
@@ -47,8 +50,6 @@ class ThreadDevices:
             w.start()
 
     def _serve(self, i: int) -> None:
-        import torch
-
         torch.set_num_threads(self.threads)  # this thread's intra-op budget: one core's worth
         while True:
             job = self._inbox[i].get()
@@ -188,8 +189,6 @@ def count_broadcasts():
     True, the default) the buffers again before every forward, through the private
     ``dist._broadcast_coalesced``; gradients go through the reducer (or a comm hook) instead.
     """
-    import torch.distributed as dist
-
     calls: list[dict] = []
     original = dist._broadcast_coalesced
 
@@ -283,8 +282,6 @@ class AsyncRecorder:
     """
 
     def __init__(self):
-        import torch.distributed as dist
-
         self.records: list[dict] = []
         self.step = -1
         self._lock = threading.Lock()

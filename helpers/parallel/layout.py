@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 
 from helpers.measure.bandwidth import bus_factor
 from helpers.measure.memory import bytes_per_param
@@ -113,8 +114,6 @@ def train_layout(dp, tp, steps, s, b, h, heads, layers=1, seed=0, lr=0.1, dtype=
     bytes saved for backward by one forward of this rank's micro-batch}. ``dense_parameters``
     puts the shards back together. Run it with ``helpers.launch(..., world_size=dp * tp)``.
     """
-    from torch.distributed.device_mesh import init_device_mesh
-
     if b % dp:
         raise ValueError(f"global batch {b} must be divisible by dp = {dp}")
     mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))

@@ -34,6 +34,9 @@ from __future__ import annotations
 
 import time
 
+import torch
+import torch.distributed as dist
+
 F, B, W = "F", "B", "W"
 
 
@@ -300,8 +303,6 @@ def run(
             "run executes (F, i) and (B, i) orders, one stage per rank (GPipe, 1F1B); "
             "interleaved and ZB-H1 orders are for simulate"
         )
-    import torch
-    import torch.distributed as dist
 
     rank, p = dist.get_rank(), dist.get_world_size()
     dtype = dtype or torch.float32
@@ -363,7 +364,6 @@ def gather_events(per_rank: list[dict]) -> list[dict]:
 def timed_stage(forward_s: float, backward_s: float, width: int = 8):
     """A stage that takes ``forward_s`` seconds forward and ``backward_s`` backward (sleeping,
     so it costs no core): measured bubbles can be checked against theory on any machine."""
-    import torch
 
     class _Timed(torch.autograd.Function):
         @staticmethod
@@ -389,8 +389,6 @@ def timed_stage(forward_s: float, backward_s: float, width: int = 8):
 
 def split(model, p: int) -> list:
     """Cut an ``nn.Sequential`` into ``p`` consecutive stages of (nearly) equal length."""
-    import torch
-
     layers = list(model)
     if not 1 <= p <= len(layers):
         raise ValueError(f"cannot cut {len(layers)} layers into {p} stages")

@@ -11,6 +11,13 @@ from __future__ import annotations
 
 import math
 
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.device_mesh import init_device_mesh
+from torch.nn.parallel import DistributedDataParallel as DDP
+
 from helpers.measure.memory import bytes_per_param
 
 STAGES = {
@@ -64,8 +71,6 @@ def fsdp_shard_numel(shape, world_size: int) -> int:
 
 
 def _model(hidden: int, depth: int, dtype: str = "float32", seed: int = 0):
-    import torch
-
     from helpers.workloads.models import mlp
 
     torch.manual_seed(seed)  # every rank builds the same weights
@@ -74,8 +79,6 @@ def _model(hidden: int, depth: int, dtype: str = "float32", seed: int = 0):
 
 def _batch(step: int, batch: int, rank: int, world_size: int, dtype: str = "float32"):
     """Rank ``rank``'s share of the global batch of ``step``: the same samples at every n."""
-    import torch
-
     g = torch.Generator().manual_seed(step)
     x = torch.randn(batch, 1, 8, 8, generator=g).to(getattr(torch, dtype))  # (B, 1, 8, 8)
     y = torch.randint(10, (batch,), generator=g)  # (B,)
@@ -89,18 +92,14 @@ def wrap(model, stage: int, lr: float = 1e-3):
     state of whole tensors, about 1/n of them); 3: ``fully_shard`` on every Linear, then on the
     whole model (FSDP2: parameters, gradients and state sharded along dim 0).
     """
-    import torch
-
     if stage in (0, 1):
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
         model = DDP(model)
         # the same all-reduce DDP makes, from Python: helpers.trace sees it (lecture 02)
         model.register_comm_hook(None, default_hooks.allreduce_hook)
     if stage == 0:
         return model, torch.optim.Adam(model.parameters(), lr=lr)
     if stage == 1:
+        # 0.4 s to import (torch 2.14): import helpers does not pay it, only a stage-1 run
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=lr)
@@ -123,9 +122,7 @@ def shard_fully(model):
     LOCAL_RANK, which does not exist ("invalid device ordinal"; both seen on a one-GPU H200
     node, torch 2.11). Returns ``model``, sharded in place.
     """
-    import torch.distributed as dist
-    from torch import nn
-    from torch.distributed.device_mesh import init_device_mesh
+    # 0.4 s to import (torch 2.14): import helpers does not pay it, only an FSDP run
     from torch.distributed.fsdp import fully_shard
 
     device = next(model.parameters()).device
@@ -170,9 +167,6 @@ def measure(
     'comm': {collective: bytes it carried in the last step}, 'params': the full parameters
     after training}. Run it with ``helpers.launch``.
     """
-    import torch.distributed as dist
-    from torch import nn
-
     from helpers.measure.memory import track
     from helpers.measure.tracing import trace
 
@@ -229,9 +223,6 @@ def reference(
     hidden: int = 256, depth: int = 4, batch: int = 64, steps: int = 3, dtype: str = "float32"
 ) -> list:
     """The same training on one process without any wrapper: the parameters to compare with."""
-    import torch
-    from torch import nn
-
     model = _model(hidden, depth, dtype)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     for k in range(steps):

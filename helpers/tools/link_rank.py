@@ -24,6 +24,11 @@ import os
 import subprocess
 import time
 
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+from torch.nn.parallel import DistributedDataParallel as DDP
+
 # DDP set-ups: bucket size in MB and the gradient compression (PowerSGD's rank, None for none)
 SETUPS = {
     "buckets of 1 MB": (1.0, None),
@@ -73,9 +78,6 @@ def sizes(rate_mbit: float, wire_ms) -> list[int]:
 def allreduce_sweep(sizes, iters: int) -> list[float]:
     """Seconds per all-reduce for each size in ``sizes`` (bytes), ``iters`` timed back to back
     after one untimed (the connection's buffers and the allocator warm)."""
-    import torch
-    import torch.distributed as dist
-
     out = []
     for size in sizes:
         buf = torch.ones(max(1, size // 4))
@@ -89,8 +91,6 @@ def allreduce_sweep(sizes, iters: int) -> list[float]:
 
 
 def _model_and_batches(batch: int, count: int):
-    import torch
-
     from helpers.workloads import data, models
 
     torch.manual_seed(0)
@@ -103,8 +103,6 @@ def _model_and_batches(batch: int, count: int):
 
 def _timed_steps(model, batches, warmup: int) -> list[float]:
     """Seconds of each step after ``warmup``: forward, backward (DDP's all-reduces), SGD."""
-    import torch
-
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     times = []
     for i, (x, y) in enumerate(batches):
@@ -119,10 +117,6 @@ def _timed_steps(model, batches, warmup: int) -> list[float]:
 
 def ddp_steps(setup: str, batch: int, steps: int, warmup: int) -> list[float]:
     """Step times of DDP in ``setup`` (a key of ``SETUPS``) on this world."""
-    import torch.distributed as dist
-    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     bucket_mb, rank = SETUPS[setup]
     model, batches = _model_and_batches(batch, warmup + steps)
     ddp = DDP(model, bucket_cap_mb=bucket_mb)
@@ -153,8 +147,6 @@ def measure(plan: dict) -> dict:
         for rate in plan["rates"]:
             if dev is not None:
                 shape(dev, rate)
-            import torch.distributed as dist
-
             dist.barrier()  # both ends shaped before either measures
             nbytes = sizes(rate or plan["fastest"], plan["wire_ms"])
             sweeps = [allreduce_sweep(nbytes, plan["iters"]) for _ in range(plan["repeats"])]

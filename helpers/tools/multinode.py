@@ -24,6 +24,9 @@ import threading
 import time
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+
 from helpers.tools.rendezvous import RendezvousUnreachable, reach  # noqa: F401 (re-exported)
 
 
@@ -188,9 +191,6 @@ def whoami(fail_first_attempt_on: int | None = None) -> dict:
     collective), to show an elastic restart; the restarted group then succeeds. The count is
     per agent: with several agents only the one whose worker died counts a restart.
     """
-    import torch
-    import torch.distributed as dist
-
     rank = dist.get_rank()
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if rank == fail_first_attempt_on and restarts == 0:
@@ -212,9 +212,6 @@ def train_digits(epochs: int = 1, batch: int = 32) -> dict:
     """Lab 01's MLP (512 x 4) on the shifted digits, DDP on this world at ``batch`` per rank:
     a module-level function, so torchrun's workers can import it by name (lecture 07)."""
     import hashlib
-
-    import torch
-    import torch.distributed as dist
 
     from helpers.optimisation import large_batch
     from helpers.workloads import data, models
@@ -240,9 +237,6 @@ def train_digits(epochs: int = 1, batch: int = 32) -> dict:
 def all_reduce_for(seconds: float = 120.0) -> dict:
     """All-reduce one number again and again for ``seconds``: a job long enough to lose a node
     in (tests/cluster). Returns how many all-reduces this rank finished."""
-    import torch
-    import torch.distributed as dist
-
     t, count, end = torch.ones(1), 0, time.monotonic() + seconds
     while time.monotonic() < end:
         dist.all_reduce(t)

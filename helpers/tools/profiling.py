@@ -15,6 +15,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.profiler import ProfilerActivity, profile
+
 BACKWARD = "autograd::engine::evaluate_function: "
 LANES = {"DistributedDataParallel.forward": "forward", "Optimizer.step": "optimizer"}
 
@@ -81,11 +86,6 @@ def profile_ddp(
     top: int = 10,
 ) -> dict:
     """Train the MLP of lab 01 under DDP on this rank, the last ``steps`` steps profiled."""
-    import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.profiler import ProfilerActivity, profile
-
     from helpers.workloads import models
 
     rank = dist.get_rank()

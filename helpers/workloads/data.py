@@ -14,12 +14,13 @@ import pickle
 import struct
 from pathlib import Path
 
+import torch
+
 DATASETS = ("digits", "digits-shifted", "cifar10", "mnist")
 
 
 def digits(train: bool = True, test_fraction: float = 0.2, seed: int = 0):
     """scikit-learn's digits as (N, 1, 8, 8) images scaled to [0, 1]; a fixed train/test split."""
-    import torch
     from sklearn.datasets import load_digits
 
     data = load_digits()
@@ -38,8 +39,6 @@ def shifted(dataset, pixels: int = 1):
     whose global batch (4 ranks × 512) is larger than the 1,437 digits of the training split.
     Every copy of an image stays in the split the image is in, so train and test never mix.
     """
-    import torch
-
     x, y = dataset.tensors
     copies = []
     for dy in range(-pixels, pixels + 1):
@@ -56,7 +55,6 @@ def shifted(dataset, pixels: int = 1):
 def cifar10(root, train: bool = True):
     """CIFAR-10 from the python batches in ``root`` (or root/cifar-10-batches-py): (N, 3, 32, 32)."""
     import numpy as np
-    import torch
 
     root = Path(root)
     if (root / "cifar-10-batches-py").is_dir():
@@ -92,8 +90,6 @@ def _idx(path: Path):
 
 def mnist(root, train: bool = True):
     """MNIST from the idx files in ``root`` (plain or .gz): (N, 1, 28, 28)."""
-    import torch
-
     root = Path(root)
     prefix = "train" if train else "t10k"
     found = {}
@@ -141,7 +137,6 @@ def image(name: str = "china.jpg", size=(24, 36), frequencies: int = 6):
     """
     import math
 
-    import torch
     from sklearn.datasets import load_sample_image
 
     if name not in SAMPLE_IMAGES:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from torch import nn
+
 
 def mlp(in_shape=(1, 8, 8), hidden: int = 128, depth: int = 2, classes: int = 10):
     """A multilayer perceptron: ``depth`` hidden layers of width ``hidden``."""
     import math
-
-    from torch import nn
 
     layers, width = [nn.Flatten()], math.prod(in_shape)
     for _ in range(depth):
@@ -19,8 +19,6 @@ def mlp(in_shape=(1, 8, 8), hidden: int = 128, depth: int = 2, classes: int = 10
 
 def cnn(in_shape=(1, 8, 8), channels: int = 32, classes: int = 10):
     """Two 3×3 convolutions and a linear head; works for 8×8, 28×28 and 32×32 inputs."""
-    from torch import nn
-
     return nn.Sequential(
         nn.Conv2d(in_shape[0], channels, 3, padding=1),
         nn.ReLU(),
@@ -35,8 +33,6 @@ def cnn(in_shape=(1, 8, 8), channels: int = 32, classes: int = 10):
 def coordinate_mlp(in_features: int, depth: int = 4, width: int = 128, out_features: int = 3):
     """Lab 03's deep & wide model: pixel coordinates in, colour out; ``depth`` ReLU layers of
     ``width``. Every parameter is a Linear's, so FSDP can shard it layer by layer."""
-    from torch import nn
-
     layers, d = [], in_features
     for _ in range(depth):
         layers += [nn.Linear(d, width), nn.ReLU()]
@@ -51,7 +47,7 @@ def build(name: str = "mlp", in_shape=(1, 8, 8), classes: int = 10, **kwargs):
         return mlp(in_shape, classes=classes, **kwargs)
     if name == "cnn":
         return cnn(in_shape, classes=classes, **kwargs)
-    import torchvision
+    import torchvision  # slow to import; only the torchvision models need it (CONTRIBUTING)
 
     if not hasattr(torchvision.models, name):
         raise ValueError(f"unknown model {name!r}: use 'mlp', 'cnn' or a torchvision model name")
