@@ -139,6 +139,30 @@ def write(folder: Path, subs: dict) -> Path:
     return folder
 
 
+def grade_answers(root: Path, lab: nbformat.NotebookNode, name: str, gid: str, answers: dict, seed):
+    """Grade each of ``answers`` ({submission: source}) written into the cell ``gid`` of the
+    student version of ``lab`` (a solution, often cut to one part, saved as ``name``), for real:
+    one slot, generous limits, the hidden cases of ``seed``. {submission: Result}."""
+    from course.grade import grade
+    from course.grading import cells
+    from course.grading.results import Limits
+
+    source = root / "source" / name
+    source.parent.mkdir(parents=True)
+    nbformat.write(lab, source)
+    student = student_version(lab)
+    subs = {}
+    for sub, code in answers.items():
+        nb = nbformat.from_dict(student)
+        next(c for c in nb.cells if cells.grade_id(c) == gid).source = code
+        subs[sub] = nb
+    limits = Limits(cell_timeout=120, budget=300)
+    return grade(
+        source, write(root / "subs", subs), root / "out", jobs=1, progress=False, limits=limits,
+        hidden_seed=seed,
+    )  # fmt: skip
+
+
 def raw(nb) -> str:
     return json.dumps(nb)
 

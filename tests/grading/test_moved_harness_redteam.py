@@ -20,12 +20,9 @@ from __future__ import annotations
 
 import nbformat
 import pytest
-from grading_fixtures import write
+from grading_fixtures import grade_answers
 
-from course.grade import grade
 from course.grading import cells
-from course.grading.results import Limits
-from course.release import student_version
 from course.syllabus import REPO
 
 SEED = 5  # a hidden seed other than the public 0
@@ -77,27 +74,10 @@ def part1() -> nbformat.NotebookNode:
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    root = tmp_path_factory.mktemp("moved-harness-redteam")
-    source = root / "source" / "lab07_transformers_at_scale.ipynb"
-    source.parent.mkdir()
-    nbformat.write(part1(), source)
-    student = student_version(part1())
     solution = next(c.source for c in part1().cells if cells.grade_id(c) == "merge")
     answers = {"right": solution} | {n: a for n, (a, _, _) in CONTROLS.items()} | ATTACKS
-    subs = {}
-    for name, answer in answers.items():
-        nb = nbformat.from_dict(student)
-        next(c for c in nb.cells if cells.grade_id(c) == "merge").source = answer
-        subs[name] = nb
-    return grade(
-        source,
-        write(root / "subs", subs),
-        root / "out",
-        jobs=1,
-        progress=False,
-        limits=Limits(cell_timeout=120, budget=300),
-        hidden_seed=SEED,
-    )
+    root = tmp_path_factory.mktemp("moved-harness-redteam")
+    return grade_answers(root, part1(), "lab07_transformers_at_scale.ipynb", "merge", answers, SEED)
 
 
 def test_the_solution_scores_the_merge(graded):

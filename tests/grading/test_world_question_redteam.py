@@ -26,12 +26,9 @@ import textwrap
 
 import nbformat
 import pytest
-from grading_fixtures import write
+from grading_fixtures import grade_answers
 
-from course.grade import grade
 from course.grading import cells
-from course.grading.results import Limits
-from course.release import student_version
 from course.syllabus import REPO
 from helpers.labs import lab03
 
@@ -116,27 +113,9 @@ PATCHED = {  # name: (the answer cell, what the flag names)
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    root = tmp_path_factory.mktemp("world-redteam")
-    source = root / "source" / "lab03_memory.ipynb"
-    source.parent.mkdir()
-    nbformat.write(part5(), source)
-    student = student_version(part5())
     answers = {n: a for n, (a, _) in (CONTROLS | PATCHED).items()} | WITHOUT_THE_WORK
-    subs = {}
-    for name, answer in answers.items():
-        nb = nbformat.from_dict(student)
-        next(c for c in nb.cells if cells.grade_id(c) == "zero_world").source = answer
-        subs[name] = nb
-    limits = Limits(cell_timeout=120, budget=300)
-    return grade(
-        source,
-        write(root / "subs", subs),
-        root / "out",
-        jobs=1,
-        progress=False,
-        limits=limits,
-        hidden_seed=SEED,
-    )
+    root = tmp_path_factory.mktemp("world-redteam")
+    return grade_answers(root, part5(), "lab03_memory.ipynb", "zero_world", answers, SEED)
 
 
 def test_the_seed_asks_another_model_than_a_plain_run(graded):
